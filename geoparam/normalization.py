@@ -1,0 +1,125 @@
+"""Input mean normalization (IMN, paper 002 eq. 16) and mean-only batch norm (MBN).
+
+Both subtract a mean over every axis but the feature (last) axis: the batch
+mean while training, a running mean (collection `batch_stats`) in evaluation,
+switched by `use_running_average` exactly like `nn.BatchNorm`.
+
+- IMN centres the INPUTS of a layer and has no learned parameters.
+- MBN (Salimans & Kingma, 2016) centres PRE-activations and adds a learned bias;
+  it is the companion of weight normalization in the WN+MBN baseline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+__all__ = ['batch_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
+
+
+def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
+  """Mean of `x` over every axis but the last, shape `(features,)`, in float32 or wider.
+
+  With `axis_name` (inside `shard_map`/`pmap`) the mean is also averaged over
+  that named axis. Under `jax.jit` with a sharded batch, the plain mean is
+  already the global mean.
+  """
+  x = jnp.asarray(x)
+  if x.ndim < 2:
+    raise ValueError(f'expected inputs of shape (..., batch, features), got shape {x.shape}.')
+  dtype = jnp.promote_types(x.dtype, jnp.float32)
+  mean = jnp.mean(x.astype(dtype), axis=tuple(range(x.ndim - 1)))
+  if axis_name is not None:
+    mean = jax.lax.pmean(mean, axis_name)
+  return mean
+
+
+class _RunningMean(nn.Module):
+  """Shared machinery: batch mean in training, running mean in evaluation."""
+
+  use_running_average: bool | None = None
+  momentum: float = 0.99
+  axis_name: str | None = None
+
+  def centred(self, x, use_running_average):
+    use_running_average = nn.merge_param(
+        'use_running_average', self.use_running_average, use_running_average)
+    if not 0.0 <= self.momentum <= 1.0:
+      raise ValueError(f'momentum must be in [0, 1], got {self.momentum}.')
+    features = x.shape[-1]
+    stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
+    ra_mean = self.variable(
+        'batch_stats', 'mean', lambda s: jnp.zeros(s, stat_dtype), (features,))
+    if use_running_average:
+      mean = ra_mean.value
+    else:
+      mean = batch_mean(x, self.axis_name)
+      if not self.is_initializing():
+        ra_mean.value = self.momentum * ra_mean.value + (1.0 - self.momentum) * mean
+    return x - mean.astype(x.dtype)
+
+
+class InputMeanNorm(_RunningMean):
+  """Input mean normalization: `x - E[x]` per feature, no learned parameters.
+
+  Example usage::
+
+    >>> import jax, jax.numpy as jnp, geoparam
+    >>> imn = geoparam.InputMeanNorm()
+    >>> x = jnp.arange(6.).reshape(3, 2)
+    >>> v = imn.init(jax.random.key(0), x, use_running_average=False)
+    >>> jax.tree.map(jnp.shape, v)
+    {'batch_stats': {'mean': (2,)}}
+    >>> y, upd = imn.apply(v, x, use_running_average=False, mutable=['batch_stats'])
+    >>> y.mean(0)
+    Array([0., 0.], dtype=float32)
+
+  Attributes:
+    use_running_average: if True, subtract the running mean (evaluation); if
+      False, the batch mean (training) and update the running mean.
+    momentum: decay of the running mean: `m <- momentum * m + (1 - momentum) * batch_mean`.
+    axis_name: optional named axis to average the batch mean over (shard_map/pmap).
+  """
+
+  @nn.compact
+  def __call__(self, x, use_running_average: bool | None = None):
+    """Centres `x` of shape `(..., features)` over all but the last axis."""
+    return self.centred(jnp.asarray(x), use_running_average)
+
+
+class MeanOnlyBatchNorm(_RunningMean):
+  """Mean-only batch normalization: `x - E[x] + bias` per feature (Salimans & Kingma).
+
+  Example usage::
+
+    >>> import jax, jax.numpy as jnp, geoparam
+    >>> mbn = geoparam.MeanOnlyBatchNorm()
+    >>> v = mbn.init(jax.random.key(0), jnp.ones((4, 3)), use_running_average=False)
+    >>> jax.tree.map(jnp.shape, v)
+    {'batch_stats': {'mean': (3,)}, 'params': {'bias': (3,)}}
+
+  Attributes:
+    use_running_average: as in `nn.BatchNorm`.
+    momentum: decay of the running mean.
+    axis_name: optional named axis for the batch mean (shard_map/pmap).
+    use_bias: whether to add the learned bias.
+    bias_init: initializer of the bias (zeros).
+    param_dtype: dtype of the bias.
+  """
+
+  use_bias: bool = True
+  bias_init: Any = nn.initializers.zeros
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, use_running_average: bool | None = None):
+    """Centres pre-activations `x` of shape `(..., features)` and adds the bias."""
+    x = jnp.asarray(x)
+    y = self.centred(x, use_running_average)
+    if self.use_bias:
+      bias = self.param('bias', self.bias_init, (x.shape[-1],), self.param_dtype)
+      y = y + bias.astype(y.dtype)
+    return y
