@@ -1,0 +1,101 @@
+"""Linearly constrained weights (LCW, paper 003 Sec. 3): the map v -> w = B_m v.
+
+`B_m` is an orthonormal basis, written as an `(m, m - 1)` matrix of columns, of
+the zero-sum subspace `W_LC = {w in R^m : sum(w) = 0}`. We take the last
+`m - 1` columns of the Householder reflection `H = I - 2 u u^T / (u^T u)` with
+`u = e_1 + 1_m / sqrt(m)`, which maps `e_1` to `-1_m / sqrt(m)`: its other
+columns are orthonormal and orthogonal to `1_m`. With `S = sum(v)`, applying it
+to `(0, v)` gives, in O(m) and without forming `B_m`::
+
+  w_1 = -S / sqrt(m)
+  w_k = v_{k-1} - S / (m + sqrt(m))          k = 2 .. m
+
+`H` is symmetric, so the transpose is as cheap: `coordinates(w) = B_m^T w`.
+
+All functions act on ONE unit (one weight vector); layers vmap them over units.
+They are pure, linear, jit/vmap/grad friendly and keep the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ['project', 'coordinates', 'basis']
+
+
+def _as_float(x: jax.Array) -> jax.Array:
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    x = x.astype(jnp.result_type(float))
+  return x
+
+
+def project(v: jax.Array) -> jax.Array:
+  """Zero-sum weight vector `w = B_m v`.
+
+  Args:
+    v: coordinates, shape `(m - 1,)` with `m >= 2`.
+
+  Returns:
+    `w`, shape `(m,)`, same dtype as `v` (integers become the default float),
+    with `sum(w) = 0` and `|w| = |v|`.
+  """
+  v = _as_float(v)
+  if v.ndim != 1 or v.shape[0] < 1:
+    raise ValueError(
+        f'project expects v of shape (m - 1,) with m >= 2, got shape {v.shape}; '
+        'a size-0 v (m = 1) has no nonzero zero-sum vector; vmap over units for a batch.')
+  m = v.shape[0] + 1
+  sqrt_m = math.sqrt(m)
+  total = jnp.sum(v)
+  first = (-total / sqrt_m)[None]
+  rest = v - total / (m + sqrt_m)
+  return jnp.concatenate([first, rest]).astype(v.dtype)
+
+
+def coordinates(w: jax.Array) -> jax.Array:
+  """Coordinates `v = B_m^T w` of (the zero-sum part of) `w`.
+
+  `project(coordinates(w)) = w - mean(w)`, the orthogonal projection onto the
+  zero-sum subspace; `coordinates(project(v)) = v`.
+
+  Args:
+    w: weight vector, shape `(m,)` with `m >= 2`.
+
+  Returns:
+    `v`, shape `(m - 1,)`, same dtype as `w`.
+  """
+  w = _as_float(w)
+  if w.ndim != 1 or w.shape[0] < 2:
+    raise ValueError(
+        f'coordinates expects w of shape (m,) with m >= 2, got shape {w.shape}; '
+        'vmap over units for a batch.')
+  m = w.shape[0]
+  sqrt_m = math.sqrt(m)
+  # (H w)[1:] = w[1:] - (u.w / (1 + 1/sqrt(m))) / sqrt(m), u.w = w_1 + sum(w) / sqrt(m).
+  coef = (w[0] + jnp.sum(w) / sqrt_m) / (sqrt_m + 1.0)
+  return (w[1:] - coef).astype(w.dtype)
+
+
+def basis(m: int, dtype=jnp.float32) -> jax.Array:
+  """The explicit orthonormal basis `B_m`, shape `(m, m - 1)`.
+
+  `basis(m) @ v == project(v)`; `B_m^T B_m = I`, `B_m^T 1_m = 0`. Formed in
+  float64 numpy from the Householder matrix, then cast. O(m^2) memory: for
+  tests and analysis, never used by the layers.
+
+  Args:
+    m: the fan-in, `m >= 2`.
+    dtype: dtype of the result.
+  """
+  if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 2:
+    raise ValueError(f'basis needs an integer m >= 2, got m = {m!r}.')
+  m = int(m)
+  u = np.full((m,), 1.0 / math.sqrt(m))
+  u[0] += 1.0
+  h = np.eye(m) - 2.0 * np.outer(u, u) / np.dot(u, u)
+  return jnp.asarray(h[:, 1:], dtype=dtype)
