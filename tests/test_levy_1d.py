@@ -1,0 +1,100 @@
+"""The Levy study end to end: the CLI with a tiny epoch count, and its pieces."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import levy_1d
+from experiments import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cli_runs_end_to_end(tmp_path):
+  workdir = tmp_path / 'levy'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.levy_1d', f'--workdir={workdir}', '--epochs=30',
+       '--num_seeds=2', '--methods=sp,wn,bn,gmp'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'results.json') as f:
+    summary = json.load(f)
+  assert set(summary['test_rmse']) == {'sp', 'wn', 'bn', 'gmp'}
+  for m, rmse in summary['test_rmse'].items():
+    assert np.isfinite(rmse) and rmse > 0, m
+    assert len(summary['per_seed'][m]) == 2
+  for name in ('results.csv', 'results.md', 'predictions.png', 'boundary_change.png'):
+    assert (workdir / name).stat().st_size > 0, name
+  assert '| gmp |' in proc.stdout
+
+
+def test_unknown_method_is_a_clear_error(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.levy_1d', f'--workdir={tmp_path}', '--methods=sp,foo'],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert 'foo' in proc.stderr and 'accepted' in proc.stderr
+  with pytest.raises(ValueError, match='accepted'):
+    models.check_methods(['gmp', 'GmPx'])
+
+
+def test_data_follows_protocol():
+  data = levy_1d.make_data(0, np.float64)
+  assert data['x_train'].shape == (50, 1) and data['y_train'].shape == (50, 1)
+  assert np.all(np.abs(data['x_train']) <= 10)
+  np.testing.assert_allclose(np.diff(data['x_test'][:, 0]), 0.1, atol=1e-12)
+  assert data['x_test'][0, 0] == -10 and data['x_test'][-1, 0] == 10
+  noise = data['y_train'] - levy_1d.levy(data['x_train'])
+  assert 0.05 < noise.std() < 0.2  # sigma 0.1
+  # Levy has its global minimum 0 at x = 1.
+  assert abs(levy_1d.levy(np.array(1.0))) < 1e-12
+  np.testing.assert_array_equal(levy_1d.make_data(0, np.float64)['y_train'], data['y_train'])
+
+
+@pytest.mark.parametrize('method', ['sp', 'wn', 'wn_mbn', 'bn', 'gmp'])
+def test_boundary_points_are_where_the_preactivation_vanishes(method):
+  """phi from the parameters must zero the hidden pre-activation (independent check via the model)."""
+  with jax.enable_x64(True):
+    data = levy_1d.make_data(1, np.float64)
+    x = jnp.asarray(data['x_train'])
+    model = models.MLP(hidden=(7,), out=1, method=method, param_dtype=jnp.float64)
+    variables = model.init(jax.random.key(3), x, train=False)
+    # Give biases/lam non-zero values so the points are not all at 0.
+    variables = jax.tree_util.tree_map_with_path(
+        lambda p, v: v + 0.3 if any(getattr(k, 'key', None) in ('bias', 'lam') for k in p) else v,
+        variables)
+    phi = levy_1d.boundary_points(method, variables, x)
+
+    # Unit i's pre-activation at x = phi_i, normalized with x's batch statistics.
+    for i in range(7):
+      probe = jnp.concatenate([x, jnp.full((1, 1), phi[i])])
+      pre = _hidden_preactivation(model, variables, probe, x, method)
+      assert abs(float(pre[-1, i])) < 1e-8 * (1 + float(jnp.max(jnp.abs(pre)))), (method, i)
+
+
+def _hidden_preactivation(model, variables, probe, x, method):
+  """Pre-activation of the hidden layer on `probe`, normalized with the statistics of `x`."""
+  p = variables['params']
+  if method == 'sp':
+    return probe @ p['hidden_0']['kernel'] + p['hidden_0']['bias']
+  if method in ('wn', 'wn_mbn'):
+    v = p['hidden_0']['kernel']
+    g = p['hidden_0_wn']['hidden_0/kernel/scale']
+    h = probe @ (g * v / jnp.linalg.norm(v, axis=0))
+    if method == 'wn':
+      return h + p['hidden_0']['bias']
+    hx = x @ (g * v / jnp.linalg.norm(v, axis=0))
+    return h - hx.mean(0) + p['hidden_0_mbn']['bias']
+  if method == 'bn':
+    k = p['hidden_0']['kernel']
+    hx = x @ k
+    bn = p['hidden_0_bn']
+    return (probe @ k - hx.mean(0)) / jnp.sqrt(hx.var(0) + 1e-3) * bn['scale'] + bn['bias']
+  g = p['hidden_0']
+  return probe * jnp.sign(g['sign']) + g['lam']
