@@ -1,0 +1,433 @@
+"""Characteristic activation analysis (paper 002, Sec. 3): boundaries of ReLU units.
+
+A ReLU unit `relu(w^T x + b)` is active on one side of the hyperplane
+`B = {x : w^T x + b = 0}` (eq. 7). Its characteristic vector (spatial
+location, eq. 8-9) is the point of `B` closest to the origin::
+
+  phi = -b w / |w|^2 = -lam u,   u = w / |w| (unit normal),   lam = b / |w|
+
+so `u` is the boundary direction and `lam` its signed distance from the
+origin (`|phi| = |lam|`). Under GmP `u = u(theta)` and `lam` are parameters.
+
+Every function takes ONE layer's variables as a plain dict, in the canonical
+form of its parameterization `kind` (shapes: `n` = fan-in, `m` = features):
+
+  'sp'      {'kernel': (n, m), 'bias': (m,) optional}
+  'wn'      {'kernel': v (n, m), 'scale': g (m,), 'bias': (m,) optional}; w = g v / |v|
+  'wn_mbn'  WN without bias plus mean-only batch norm on the pre-activations:
+            {'kernel', 'scale', 'mbn': {'bias': (m,)}, 'batch_stats': {'mean': (m,)}}
+  'bn'      Dense then BatchNorm on the pre-activations:
+            {'dense': {'kernel': (n, m), 'bias': (m,) optional},
+             'bn': {'scale': (m,) optional, 'bias': (m,) optional},
+             'batch_stats': {'mean': (m,), 'var': (m,)}, 'epsilon': float optional (1e-5)}
+  'gmp'     {'theta': (n - 1, m), 'lam': (m,), 'scale': (m,) optional, 'sign': (m,) at n = 1}
+  'gmp_imn' GmP with input mean normalization: the 'gmp' dict plus
+            {'batch_stats': {'mean': (n,)}} (the running input mean)
+
+BN and MBN are folded into an effective affine map with the statistics in
+`batch_stats` (running statistics: the evaluation-mode function). To analyse
+the training-mode function, pass the batch's statistics instead (see
+`batch_statistics`). `layer_variables` builds these dicts from the variables of
+a model that names its layers like `experiments.models.MLP` (`hidden_0`,
+`hidden_0_wn`, `hidden_0_bn`, `hidden_0_mbn`).
+
+Conventions:
+
+- **Inputs in R^1** (n = 1): the boundary is the point `phi = -b / w`; the
+  direction is `sign(w)` in {-1, +1} (the paper's angle 0 or pi), `lam = b / |w|`
+  and `phi = -lam sign(w)`. A GmP unit with fan-in 1 takes its sign from the
+  fixed `sign` parameter. Angle changes in R^1 are 0 or pi.
+- **Zero weight vectors** (`w = 0`, e.g. `g = 0` under WN or `gamma = 0` under
+  BN): the boundary is at infinity (or absent). Then `boundary_location` is
+  `+inf` in every coordinate, `boundary_distance` is `+inf` (`-inf` when
+  `b < 0`), `boundary_direction` is the zero vector and any angle change
+  involving it is `+inf`. No function returns NaN for these units; everything
+  runs under `jit`, so nothing raises on values.
+- **Scale**: the boundary does not depend on a unit's output scale (GmP `r`),
+  so `scale` is ignored.
+
+All functions are pure and jit/vmap friendly; inside `lax.scan` use
+`scan_tracked` to record a layer's boundaries during training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from geoparam import gmp
+
+__all__ = [
+  'KINDS',
+  'BoundarySnapshot',
+  'affine',
+  'angle_change',
+  'batch_statistics',
+  'boundary_direction',
+  'boundary_distance',
+  'boundary_location',
+  'layer_variables',
+  'location_change',
+  'max_angle_change',
+  'max_location_change',
+  'perturb',
+  'scan_tracked',
+  'snapshot',
+]
+
+KINDS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')
+BN_EPSILON = 1e-5  # nn.BatchNorm's default
+
+
+def _check_kind(kind: str) -> str:
+  if kind not in KINDS:
+    raise ValueError(f'unknown parameterization kind={kind!r}; valid kinds: {", ".join(KINDS)}.')
+  return kind
+
+
+def _need(params: Mapping[str, Any], keys, kind: str):
+  if not isinstance(params, Mapping):
+    raise ValueError(f'kind={kind!r} expects a dict of layer variables, got {type(params).__name__}.')
+  missing = [k for k in keys if k not in params]
+  if missing:
+    raise ValueError(
+        f'kind={kind!r} needs entries {list(keys)}; missing {missing}, got keys {sorted(params)}. '
+        'See geoparam.analysis for the canonical layer dicts.')
+
+
+def _kernel(kernel) -> jax.Array:
+  kernel = jnp.asarray(kernel)
+  if kernel.ndim != 2:
+    raise ValueError(f'kernel must have shape (fan_in, features), got {kernel.shape}.')
+  if not jnp.issubdtype(kernel.dtype, jnp.floating):
+    kernel = kernel.astype(jnp.result_type(float))
+  return kernel
+
+
+def _bias(params, key, kernel) -> jax.Array:
+  if params.get(key) is None:
+    return jnp.zeros(kernel.shape[1:], kernel.dtype)
+  return jnp.asarray(params[key], kernel.dtype)
+
+
+def _weight_norm_kernel(v, g):
+  v = _kernel(v)
+  norm = jnp.sqrt(jnp.sum(v * v, axis=0))
+  safe = jnp.where(norm > 0, norm, 1.0)
+  return v * (jnp.asarray(g, v.dtype) / safe)[None, :]
+
+
+def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
+  """Effective affine map `(w, b)` of a layer: unit i is `relu(w[:, i]^T x + b[i])` up to a factor.
+
+  Args:
+    params: one layer's variables in the canonical form of `kind` (module docstring).
+    kind: one of `KINDS`.
+
+  Returns:
+    `(w, b)`: `w` of shape `(fan_in, features)`, `b` of shape `(features,)`.
+    For GmP `w = u(theta)` (unit columns) and `b = lam` (the positive output
+    scale is dropped); BN and MBN are folded with `batch_stats`.
+  """
+  kind = _check_kind(kind)
+  if kind == 'sp':
+    _need(params, ('kernel',), kind)
+    w = _kernel(params['kernel'])
+    return w, _bias(params, 'bias', w)
+  if kind == 'wn':
+    _need(params, ('kernel', 'scale'), kind)
+    w = _weight_norm_kernel(params['kernel'], params['scale'])
+    return w, _bias(params, 'bias', w)
+  if kind == 'wn_mbn':
+    _need(params, ('kernel', 'scale', 'batch_stats'), kind)
+    w = _weight_norm_kernel(params['kernel'], params['scale'])
+    shift = _bias(params.get('mbn', {}), 'bias', w)
+    return w, shift - jnp.asarray(params['batch_stats']['mean'], w.dtype)
+  if kind == 'bn':
+    _need(params, ('dense', 'batch_stats'), kind)
+    dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
+    _need(dense, ('kernel',), kind)
+    _need(stats, ('mean', 'var'), kind)
+    w = _kernel(dense['kernel'])
+    b = _bias(dense, 'bias', w)
+    eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
+    gamma = jnp.ones_like(b) if bn.get('scale') is None else jnp.asarray(bn['scale'], w.dtype)
+    beta = _bias(bn, 'bias', w)
+    # gamma (w^T x + b - mean) / sqrt(var + eps) + beta
+    factor = gamma / jnp.sqrt(jnp.asarray(stats['var'], w.dtype) + eps)
+    return w * factor[None, :], factor * (b - jnp.asarray(stats['mean'], w.dtype)) + beta
+  _need(params, ('theta', 'lam'), kind)
+  u = gmp.gmp_kernel(jnp.asarray(params['theta']), params.get('sign'))
+  lam = jnp.asarray(params['lam'], u.dtype)
+  if kind == 'gmp_imn':
+    _need(params, ('batch_stats',), kind)
+    lam = lam - jnp.asarray(params['batch_stats']['mean'], u.dtype) @ u
+  return u, lam
+
+
+def _direction_distance(params, kind):
+  """`(u (features, fan_in), lam (features,))` with the zero-weight conventions applied."""
+  w, b = affine(params, kind)
+  if kind.startswith('gmp'):  # u is a unit vector by construction: no division.
+    return w.T, b
+  norm = jnp.sqrt(jnp.sum(w * w, axis=0))
+  ok = norm > 0
+  safe = jnp.where(ok, norm, 1.0)
+  u = jnp.where(ok[None, :], w / safe, 0.0)
+  lam = jnp.where(ok, b / safe, jnp.where(b < 0, -jnp.inf, jnp.inf))
+  return u.T, lam
+
+
+def boundary_direction(params: Mapping[str, Any], kind: str) -> jax.Array:
+  """Unit normal `u = w / |w|` of each unit's boundary, shape `(features, fan_in)`.
+
+  Zero weight vectors give the zero vector. In R^1 this is `sign(w)`.
+  """
+  return _direction_distance(params, kind)[0]
+
+
+def boundary_distance(params: Mapping[str, Any], kind: str) -> jax.Array:
+  """Signed distance `lam = b / |w|` of each boundary from the origin, shape `(features,)`.
+
+  `phi = -lam u`, so `|phi| = |lam|`. Zero weight vectors give `+inf` (`-inf` when `b < 0`).
+  """
+  return _direction_distance(params, kind)[1]
+
+
+def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
+  """Characteristic vector `phi = -b w / |w|^2 = -lam u` of each unit (eq. 8-9).
+
+  Args:
+    params: one layer's variables in the canonical form of `kind` (module docstring).
+    kind: one of `KINDS` ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn').
+
+  Returns:
+    `phi`, shape `(features, fan_in)`: the point of unit i's boundary nearest to
+    the origin; `u[i]^T phi[i] + lam[i] = 0`. In R^1 (`fan_in = 1`) it is the
+    characteristic point `-b / w`. Units with a zero weight vector give `+inf`
+    in every coordinate.
+  """
+  u, lam = _direction_distance(params, kind)
+  phi = -lam[:, None] * u
+  return jnp.where(jnp.isfinite(lam)[:, None], phi, jnp.inf)
+
+
+def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> jax.Array:
+  """Angle between each unit's direction before and after, eq. (12).
+
+  Args:
+    before, after: directions or weight vectors, shape `(features, n)` (the norm
+      does not matter), e.g. `boundary_direction` of two parameter states.
+    degrees: return degrees instead of radians.
+
+  Returns:
+    shape `(features,)`, in `[0, pi]` (or `[0, 180]`): `arccos(a^T b / (|a| |b|))`,
+    computed in the form `2 atan2(| |b| a - |a| b |, | |b| a + |a| b |)`, which is
+    accurate near 0 and pi. A zero vector on either side gives `+inf`.
+  """
+  before = jnp.asarray(before)
+  after = jnp.asarray(after)
+  if before.shape != after.shape or before.ndim != 2:
+    raise ValueError(
+        f'angle_change expects two arrays of the same shape (features, n), got {before.shape} '
+        f'and {after.shape}.')
+  na = jnp.linalg.norm(before, axis=1, keepdims=True)
+  nb = jnp.linalg.norm(after, axis=1, keepdims=True)
+  x = before * nb
+  y = after * na
+  angle = 2 * jnp.arctan2(jnp.linalg.norm(x - y, axis=1), jnp.linalg.norm(x + y, axis=1))
+  angle = jnp.where((na[:, 0] > 0) & (nb[:, 0] > 0), angle, jnp.inf)
+  return jnp.degrees(angle) if degrees else angle
+
+
+def location_change(before: jax.Array, after: jax.Array) -> jax.Array:
+  """Euclidean distance `|phi_after - phi_before|` per unit, shape `(features,)`.
+
+  Inputs of shape `(features, n)`. A unit whose location is infinite on one
+  side only moved by `+inf`; one that stays at the same infinity moved by 0.
+  """
+  before = jnp.asarray(before)
+  after = jnp.asarray(after)
+  if before.shape != after.shape or before.ndim != 2:
+    raise ValueError(
+        f'location_change expects two arrays of the same shape (features, n), got {before.shape} '
+        f'and {after.shape}.')
+  diff = jnp.where(after == before, 0.0, after - before)  # inf - inf where both equal -> 0
+  diff = jnp.where(jnp.isnan(diff), jnp.inf, diff)
+  return jnp.sqrt(jnp.sum(diff * diff, axis=1))
+
+
+def max_location_change(locations: jax.Array) -> jax.Array:
+  """`max_i |phi_{i,t+1} - phi_{i,t}|` per step: `(steps, features, n)` -> `(steps - 1,)`."""
+  locations = jnp.asarray(locations)
+  if locations.ndim != 3:
+    raise ValueError(f'expected locations of shape (steps, features, n), got {locations.shape}.')
+  return jnp.max(jax.vmap(location_change)(locations[:-1], locations[1:]), axis=1)
+
+
+def max_angle_change(directions: jax.Array, degrees: bool = True) -> jax.Array:
+  """`max_i angle(u_{i,t}, u_{i,t+1})` per step: `(steps, features, n)` -> `(steps - 1,)`.
+
+  The angle of the weight direction for SP/WN/BN; under GmP the angle between
+  `u(theta_t)` and `u(theta_{t+1})`, which equals `|theta_{t+1} - theta_t|` in
+  R^2 while the step is below pi (Theorem 3 bounds it by the step's norm).
+  """
+  directions = jnp.asarray(directions)
+  if directions.ndim != 3:
+    raise ValueError(f'expected directions of shape (steps, features, n), got {directions.shape}.')
+  change = jax.vmap(lambda a, b: angle_change(a, b, degrees))(directions[:-1], directions[1:])
+  return jnp.max(change, axis=1)
+
+
+_TRAINABLE = {
+    'sp': (('kernel',), ('bias',)),
+    'wn': (('kernel',), ('scale',), ('bias',)),
+    'wn_mbn': (('kernel',), ('scale',), ('mbn', 'bias')),
+    'bn': (('dense', 'kernel'), ('dense', 'bias'), ('bn', 'scale'), ('bn', 'bias')),
+    'gmp': (('theta',), ('lam',), ('scale',)),
+    'gmp_imn': (('theta',), ('lam',), ('scale',)),
+}
+
+
+def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
+  """Adds `eps` to every trainable parameter of a layer, in its own coordinates (Fig. 1b-e).
+
+  SP: `w + eps, b + eps`; WN: `v + eps, g + eps, b + eps`; BN: the Dense
+  kernel/bias and BN gamma/beta; GmP: `theta + eps, lam + eps, scale + eps`.
+  Running statistics, `epsilon` and GmP's fixed fan-in-1 `sign` are left alone.
+  `eps` is a scalar (the paper's `eps * 1`) or broadcasts against each parameter.
+  Returns a new dict of the same structure.
+  """
+  kind = _check_kind(kind)
+  out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in params.items()}
+  touched = 0
+  for path in _TRAINABLE[kind]:
+    node = out
+    for key in path[:-1]:
+      node = node.get(key) if isinstance(node, Mapping) else None
+    if isinstance(node, Mapping) and node.get(path[-1]) is not None:
+      node[path[-1]] = jnp.asarray(node[path[-1]]) + eps
+      touched += 1
+  if not touched:
+    raise ValueError(f'no trainable entries of kind={kind!r} found in keys {sorted(params)}.')
+  return out
+
+
+def batch_statistics(pre_activations: jax.Array) -> dict[str, jax.Array]:
+  """Training-mode BN statistics `{'mean', 'var'}` (each `(features,)`) of `(batch, features)`.
+
+  Pass them as `batch_stats` to analyse the function BN computes on this batch
+  (for 'bn' the pre-activations are `x @ kernel + bias` of the Dense layer).
+  """
+  h = jnp.asarray(pre_activations)
+  if h.ndim != 2:
+    raise ValueError(f'expected pre-activations of shape (batch, features), got {h.shape}.')
+  return {'mean': jnp.mean(h, axis=0), 'var': jnp.var(h, axis=0)}
+
+
+def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden_0',
+                    bn_epsilon: float = BN_EPSILON, batch_stats=None) -> dict[str, Any]:
+  """Canonical layer dict of layer `name` from a model's variables (`{'params': ..., ...}`).
+
+  Naming follows `experiments.models.MLP`: the Dense (or GmPDense) layer is
+  `name`; WN's gain lives in `{name}_wn` as `'{name}/kernel/scale'`; BN in
+  `{name}_bn`, MBN in `{name}_mbn`; IMN's running mean in
+  `batch_stats[name]['input_mean_norm']`.
+
+  Args:
+    variables: model variables with a `params` collection (and `batch_stats`).
+    kind: one of `KINDS`.
+    name: the layer's name.
+    bn_epsilon: BatchNorm's epsilon (kind 'bn'); `experiments.models` uses 1e-3.
+    batch_stats: optional statistics to use instead of the running ones (e.g.
+      `batch_statistics(...)` for the training-mode function).
+  """
+  kind = _check_kind(kind)
+  p = variables['params']
+  running = variables.get('batch_stats', {})
+  if name not in p:
+    raise ValueError(f'no layer {name!r} in params; layers: {sorted(p)}.')
+  if kind == 'sp':
+    return dict(p[name])
+  if kind in ('wn', 'wn_mbn'):
+    out = dict(kernel=p[name]['kernel'], scale=p[f'{name}_wn'][f'{name}/kernel/scale'])
+    if kind == 'wn':
+      out['bias'] = p[name].get('bias')
+      return out
+    out['mbn'] = dict(p[f'{name}_mbn'])
+    out['batch_stats'] = batch_stats if batch_stats is not None else running[f'{name}_mbn']
+    return out
+  if kind == 'bn':
+    return dict(dense=dict(p[name]), bn=dict(p[f'{name}_bn']),
+                batch_stats=batch_stats if batch_stats is not None else running[f'{name}_bn'],
+                epsilon=bn_epsilon)
+  out = dict(p[name])
+  if kind == 'gmp_imn':
+    if batch_stats is None:
+      imn = running.get(name, {}).get('input_mean_norm')
+      if imn is None:  # the first layer of gmp_imn has no IMN: plain GmP.
+        fan_in = out['theta'].shape[0] + 1
+        imn = {'mean': jnp.zeros((fan_in,), jnp.asarray(out['lam']).dtype)}
+      batch_stats = imn
+    out['batch_stats'] = batch_stats
+  return out
+
+
+class BoundarySnapshot(NamedTuple):
+  location: jax.Array  # (features, fan_in) phi; stacked: (steps, features, fan_in)
+  direction: jax.Array  # (features, fan_in) unit normal u; stacked likewise
+
+
+def snapshot(params: Mapping[str, Any], kind: str) -> BoundarySnapshot:
+  """Locations and directions of one layer's boundaries, as one pytree."""
+  u, lam = _direction_distance(params, kind)
+  phi = jnp.where(jnp.isfinite(lam)[:, None], -lam[:, None] * u, jnp.inf)
+  return BoundarySnapshot(location=phi, direction=u)
+
+
+def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
+                 layer: Callable[[Any], Mapping[str, Any]], kind: str, every: int = 1):
+  """`jax.lax.scan(step, carry, xs, length)` that also records a layer's boundaries.
+
+  Args:
+    step: `(carry, x) -> (carry, y)`, one training step.
+    carry, xs, length: as in `jax.lax.scan`.
+    layer: `carry -> canonical layer dict` (e.g. `lambda c: layer_variables(
+      {'params': c.params}, 'gmp')`), the layer to watch.
+    kind: the layer's parameterization, one of `KINDS`.
+    every: record after every `every` steps; `length` must be a multiple.
+
+  Returns:
+    `(carry, ys, track)`: `carry` and `ys` exactly as `lax.scan` returns them;
+    `track` a `BoundarySnapshot` whose fields have shape
+    `(length // every + 1, features, fan_in)`: index 0 is the state before the
+    first step, index k the state after `k * every` steps. Feed
+    `track.location` to `max_location_change` and `track.direction` to
+    `max_angle_change`. Everything stays inside one traced scan (jit-able).
+  """
+  _check_kind(kind)
+  if xs is not None:
+    n = jax.tree.leaves(xs)[0].shape[0]
+    if length is not None and length != n:
+      raise ValueError(f'length={length} differs from the leading axis of xs ({n}).')
+    length = n
+  if length is None:
+    raise ValueError('scan_tracked needs xs or length.')
+  if every < 1 or length % every:
+    raise ValueError(f'every={every} must be >= 1 and divide length={length}.')
+  chunks = length // every
+  chunked_xs = None if xs is None else jax.tree.map(
+      lambda a: a.reshape((chunks, every) + a.shape[1:]), xs)
+
+  def chunk(c, x):
+    c, y = jax.lax.scan(step, c, x, length=every)
+    return c, (y, snapshot(layer(c), kind))
+
+  first = snapshot(layer(carry), kind)
+  carry, (ys, track) = jax.lax.scan(chunk, carry, chunked_xs, length=chunks)
+  ys = jax.tree.map(lambda a: a.reshape((length,) + a.shape[2:]), ys)
+  track = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, track)
+  return carry, ys, track
