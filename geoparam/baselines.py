@@ -1,4 +1,4 @@
-"""Baselines of paper 003 next to LCW: centered weight norm (CWN) and the standardization layer (SL).
+"""Baselines of paper 003 next to LCW: centered weight norm (CWN), standardization layer (SL).
 
 * CWN (Huang et al. 2017): each unit's kernel is `w = g * c / |c|`, `c = k - mean(k)`
   (zero mean AND unit norm, times a gain `g`). Parameters: `kernel` (the

@@ -1,0 +1,310 @@
+"""Minibatch-based initialization (paper 003 Sec. 4.3) and variance analysis (Sec. 4).
+
+Both work on any Flax model by intercepting the `__call__` of its linear layers
+(`nn.Intercept` via `nn.intercept_methods`), in execution order:
+
+* `data_dependent_init` rescales each layer, first to last, so that its output
+  (the pre-activation) has unit variance on one minibatch.
+* `variance_analysis` records, per layer, mean and variance of the
+  pre-activations (forward chain) and of the loss gradient with respect to
+  them (backward chain), plus the activation-shift strength (003 Fig. 1).
+* `activation_variance_factors` gives `phi_fw = V(f(z)) / V(z)` and
+  `phi_bw = V(f'(z) g) / V(g)` for `z ~ N(0, sigma^2)` (003 Prop. 6).
+
+"Variance of a layer" is pooled over every element of its output (batch,
+spatial positions and units), like the per-layer boxplots of 003 Fig. 4.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, NamedTuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from geoparam.baselines import CWNConv, CWNDense
+from geoparam.linear_constrained import LCWConv, LCWDense
+
+__all__ = [
+    'SCALED_PARAMS',
+    'data_dependent_init',
+    'LayerStats',
+    'variance_analysis',
+    'activation_variance_factors',
+    'activation_shift',
+    'plot_variance_analysis',
+]
+
+# Layer type -> the parameter the layer's output is linear in (scaling it by c
+# scales the output minus bias by c). LCW: `v` (project is linear); CWN: the
+# gain. GmP layers are deliberately absent: their pre-activation `u^T x + lam`
+# has a unit direction and no free scale, and `scale` multiplies the
+# post-activation, so the init leaves GmP layers unchanged (identity).
+SCALED_PARAMS: dict[type, str] = {
+    nn.Dense: 'kernel',
+    nn.Conv: 'kernel',
+    LCWDense: 'v',
+    LCWConv: 'v',
+    CWNDense: 'scale',
+    CWNConv: 'scale',
+}
+
+
+def _layer_type(module, types) -> type | None:
+  for t in types:
+    if isinstance(module, t):
+      return t
+  return None
+
+
+def _bias_of(module) -> jax.Array | None:
+  params = module.variables.get('params', {})
+  return params.get('bias') if isinstance(params, Mapping) else None
+
+
+def _intercepting_apply(model, variables, inputs, types, on_output, method, apply_kwargs):
+  """Runs `model.apply`, passing each outermost call of a layer in `types` through `on_output`.
+
+  `on_output(module, key, y) -> y'`, `key` the layer's path joined by '/' (its
+  class name for a top-level layer), with '#k' appended for the k-th reuse of a
+  shared layer.
+  """
+  depth = [0]
+  seen: dict[str, int] = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    module = context.module
+    if (context.method_name != '__call__' or depth[0] > 0
+        or _layer_type(module, types) is None):
+      return next_fun(*args, **kwargs)
+    depth[0] += 1  # layers built inside a layer (LCWConv's nn.Conv) are not separate layers
+    try:
+      y = next_fun(*args, **kwargs)
+    finally:
+      depth[0] -= 1
+    key = '/'.join(module.path) or type(module).__name__
+    count = seen.get(key, 0)
+    seen[key] = count + 1
+    if count:
+      key = f'{key}#{count}'
+    return on_output(module, key, y)
+
+  with nn.intercept_methods(interceptor):
+    out = model.apply(variables, inputs, method=method, **apply_kwargs)
+  if isinstance(out, tuple) and len(out) == 2 and apply_kwargs.get('mutable'):
+    out = out[0]  # drop updated collections (batch_stats) of a train-mode call
+  return out
+
+
+def data_dependent_init(
+    model: nn.Module,
+    variables: Mapping[str, Any],
+    inputs: Any,
+    *,
+    scaled_params: Mapping[type, str] | None = None,
+    method: Callable[..., Any] | str | None = None,
+    **apply_kwargs,
+) -> dict[str, Any]:
+  """Rescales every linear layer so its pre-activation has unit variance on `inputs`.
+
+  One forward pass in execution order: each layer's output `z = h + b` (`b`
+  its bias) is replaced on the fly by `c h + b` with `c = 1 / std(h)`, so later
+  layers see the rescaled signal, and the layer's scaled parameter (see
+  `SCALED_PARAMS`) is multiplied by `c`. The variance is pooled over all
+  elements of `h`; with zero biases (the usual init) `var(z) = 1` exactly.
+  Deterministic. Layers of other types (GmP, normalization) are unchanged.
+
+  Args:
+    model: the Flax module.
+    variables: its variables (`{'params': ..., ...}`).
+    inputs: one minibatch, passed as `model.apply(variables, inputs, ...)`.
+    scaled_params: layer type -> parameter name; default `SCALED_PARAMS`.
+    method: forwarded to `model.apply`.
+    **apply_kwargs: forwarded to `model.apply` (e.g. `train=True,
+      mutable=['batch_stats']`; the updated collections are discarded).
+
+  Returns:
+    new variables with the rescaled parameters (other collections unchanged).
+  """
+  scaled_params = dict(SCALED_PARAMS if scaled_params is None else scaled_params)
+  names: dict[tuple[str, ...], str] = {}  # static, filled while tracing
+
+  def factors_of(variables, inputs):
+    factors: dict[tuple[str, ...], jax.Array] = {}
+
+    def on_output(module, key, y):
+      del key
+      path = tuple(module.path)
+      bias = _bias_of(module)
+      h = y if bias is None else y - bias
+      if path not in factors:
+        names[path] = scaled_params[_layer_type(module, scaled_params)]
+        factors[path] = lax.rsqrt(jnp.var(h.astype(jnp.float32)))
+      c = factors[path].astype(y.dtype)
+      return c * h if bias is None else c * h + bias
+
+    _intercepting_apply(model, variables, inputs, tuple(scaled_params), on_output, method,
+                        apply_kwargs)
+    return factors
+
+  factors = jax.jit(factors_of)(variables, inputs)
+  for path, c in factors.items():
+    if not np.isfinite(float(c)):
+      raise ValueError(
+          f'data_dependent_init: layer {"/".join(path)} has zero (or non-finite) output '
+          'variance on the batch; cannot rescale it.')
+  params = flax.core.unfreeze(variables['params'])
+  for path, c in factors.items():
+    node = params
+    for p in path:
+      node = node[p]
+    node[names[path]] = (node[names[path]] * c).astype(node[names[path]].dtype)
+  new = dict(flax.core.unfreeze(variables))
+  new['params'] = params
+  return new
+
+
+class LayerStats(NamedTuple):
+  """Statistics of one layer's pre-activation `z` and of `dL/dz` on a batch."""
+  name: str           # the layer's path, e.g. 'Dense_3'
+  mean: float         # pooled mean of z
+  var: float          # pooled variance of z
+  grad_mean: float    # pooled mean of dL/dz
+  grad_var: float     # pooled variance of dL/dz
+  shift: float        # activation shift: std over units of unit means / mean unit std
+  unit_means: np.ndarray  # (units,), mean of z per unit (last axis)
+
+
+def activation_shift(z: Any) -> float:
+  """Strength of the stripes of 003 Fig. 1 in pre-activations `z` of shape `(..., units)`.
+
+  The spread (std) over units of the per-unit means, divided by the average
+  per-unit std: ~0 without activation shift, O(1) or more with it.
+  """
+  z = np.asarray(z, np.float64).reshape(-1, np.shape(z)[-1])
+  return float(np.std(z.mean(axis=0)) / np.mean(z.std(axis=0)))
+
+
+def variance_analysis(
+    model: nn.Module,
+    variables: Mapping[str, Any],
+    inputs: Any,
+    loss_fn: Callable[[Any], jax.Array],
+    *,
+    layer_types: tuple[type, ...] | None = None,
+    method: Callable[..., Any] | str | None = None,
+    **apply_kwargs,
+) -> list[LayerStats]:
+  """Forward and backward variance per layer, in execution order.
+
+  Args:
+    model: the Flax module.
+    variables: its variables.
+    inputs: one minibatch.
+    loss_fn: `loss_fn(model_output) -> scalar` (close over the labels).
+    layer_types: layers whose outputs count as pre-activations; default the
+      keys of `SCALED_PARAMS` (Dense, Conv, LCW, CWN).
+    method: forwarded to `model.apply`.
+    **apply_kwargs: forwarded to `model.apply`.
+
+  Returns:
+    one `LayerStats` per layer call.
+  """
+  types = tuple(SCALED_PARAMS) if layer_types is None else tuple(layer_types)
+  order: list[str] = []  # execution order, filled while tracing (jit sorts dict keys)
+
+  def outputs_and_grads(variables, inputs):
+    outputs: dict[str, jax.Array] = {}
+
+    def record(module, key, y):
+      del module
+      outputs[key] = y
+      order.append(key)
+      return y
+
+    _intercepting_apply(model, variables, inputs, types, record, method, apply_kwargs)
+
+    def loss_of(perturbations):
+      def add(module, key, y):
+        del module
+        return y + perturbations[key]
+
+      out = _intercepting_apply(model, variables, inputs, types, add, method, apply_kwargs)
+      return loss_fn(out)
+
+    grads = jax.grad(loss_of)({k: jnp.zeros_like(v) for k, v in outputs.items()})
+    return outputs, grads
+
+  outputs, grads = jax.jit(outputs_and_grads)(variables, inputs)
+  stats = []
+  for key in order:
+    z = np.asarray(outputs[key], np.float64)
+    g = np.asarray(grads[key], np.float64)
+    stats.append(LayerStats(
+        name=key, mean=float(z.mean()), var=float(z.var()), grad_mean=float(g.mean()),
+        grad_var=float(g.var()), shift=activation_shift(z),
+        unit_means=z.reshape(-1, z.shape[-1]).mean(axis=0)))
+  return stats
+
+
+def activation_variance_factors(
+    f: Callable[[jax.Array], jax.Array], sigma: float = 1.0, num_points: int = 200_001,
+) -> tuple[float, float]:
+  """`(phi_fw, phi_bw)` of an elementwise activation (003 Sec. 4.2).
+
+  `phi_fw = V(f(z)) / sigma^2` and `phi_bw = V(f'(z) g) / V(g) = E[f'(z)^2]`
+  for `z ~ N(0, sigma^2)` and an independent zero-mean gradient `g`. Computed
+  by trapezoid quadrature on `[-12 sigma, 12 sigma]` (0 is a grid point, so
+  kinks such as ReLU's are integrated accurately); deterministic.
+
+  Args:
+    f: scalar activation (jax-differentiable), applied elementwise.
+    sigma: standard deviation of the pre-activation, > 0.
+    num_points: odd number of grid points.
+  """
+  if not (math.isfinite(sigma) and sigma > 0):
+    raise ValueError(f'sigma must be a finite positive float, got sigma = {sigma}.')
+  if num_points < 3 or num_points % 2 == 0:
+    raise ValueError(f'num_points must be an odd integer >= 3, got num_points = {num_points}.')
+  z = np.linspace(-12.0 * sigma, 12.0 * sigma, num_points)
+  w = np.exp(-0.5 * (z / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+  w = w * (z[1] - z[0])
+  w[0] *= 0.5
+  w[-1] *= 0.5
+  zj = jnp.asarray(z, jnp.float32)
+  fz = np.asarray(jax.vmap(f)(zj), np.float64)
+  dfz = np.asarray(jax.vmap(jax.grad(f))(zj), np.float64)
+  mean = np.sum(w * fz)
+  phi_fw = (np.sum(w * fz**2) - mean**2) / sigma**2
+  phi_bw = np.sum(w * dfz**2)
+  return float(phi_fw), float(phi_bw)
+
+
+def plot_variance_analysis(results: Mapping[str, list[LayerStats]], path: str) -> None:
+  """Writes a PNG: per-layer pre-activation variance and gradient variance (log scale).
+
+  Args:
+    results: label (e.g. 'plain', 'LCW') -> the output of `variance_analysis`.
+    path: the PNG file to write.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for label, stats in results.items():
+    layers = np.arange(1, len(stats) + 1)
+    axes[0].plot(layers, [s.var for s in stats], marker='o', label=label)
+    axes[1].plot(layers, [s.grad_var for s in stats], marker='o', label=label)
+  axes[0].set(title='pre-activation variance (forward)', xlabel='layer', yscale='log')
+  axes[1].set(title='gradient variance dL/dz (backward)', xlabel='layer', yscale='log')
+  for ax in axes:
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
