@@ -118,6 +118,8 @@ def data_dependent_init(
   `SCALED_PARAMS`) is multiplied by `c`. The variance is pooled over all
   elements of `h`; with zero biases (the usual init) `var(z) = 1` exactly.
   Deterministic. Layers of other types (GmP, normalization) are unchanged.
+  Layers wrapped in `nn.SpectralNorm` / `nn.WeightNorm` are not supported
+  (the wrapper renormalizes the kernel; paper 003 gives SN models Glorot init).
 
   Args:
     model: the Flax module.
@@ -261,6 +263,11 @@ def activation_variance_factors(
   for `z ~ N(0, sigma^2)` and an independent zero-mean gradient `g`. Computed
   by trapezoid quadrature on `[-12 sigma, 12 sigma]` (0 is a grid point, so
   kinks such as ReLU's are integrated accurately); deterministic.
+
+  Paper 003 quotes ReLU factors as variance ratios (0.34, 0.5) but its sigmoid
+  factors (0.236, 0.237), (0.208, 0.211), (0.157, 0.170) at sigma = 0.5, 1, 2
+  are the square roots of these (ratios of standard deviations); the variance
+  ratios at sigma = 1 are (0.0434, 0.0448). Either way `phi_fw ~ phi_bw`.
 
   Args:
     f: scalar activation (jax-differentiable), applied elementwise.
