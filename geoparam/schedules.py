@@ -38,6 +38,11 @@ class PlateauState(NamedTuple):
   wait: jax.Array  # () int32, epochs since the last improvement
   cooldown_counter: jax.Array  # () int32
 
+  @property
+  def scale(self) -> jax.Array:
+    """The current rate (a scale of the base rate when `init(1.0)`); same as `lr`."""
+    return self.lr
+
 
 class EarlyStoppingState(NamedTuple):
   best: jax.Array  # () float32, best metric seen
@@ -46,6 +51,11 @@ class EarlyStoppingState(NamedTuple):
   best_epoch: jax.Array  # () int32, epoch index of the best metric (-1 before any)
   improved: jax.Array  # () bool, whether the LAST update improved (save weights then)
   stop: jax.Array  # () bool, training should stop (sticky)
+
+  @property
+  def should_stop(self) -> jax.Array:
+    """Whether training should stop; same as `stop`."""
+    return self.stop
 
 
 class Schedule(NamedTuple):
