@@ -13,7 +13,11 @@ under `jax.vmap` inside one jitted `lax.scan` over epochs.
 Writes to `workdir`: `results.json` (method -> mean test RMSE, and details),
 `results.csv` (one row per method and seed), `predictions.png` (before and
 after training), `boundary_change.png` (log2 of max_i |phi_{i,t+1} - phi_{i,t}|
-per epoch, Fig. 2c).
+per epoch, Fig. 2c) and `location_spectra.png` (predictions above the spectra of
+the 100 characteristic points at chosen steps, Fig. 2 d-g). The points are
+`geoparam.analysis.boundary_location` of the hidden layer, recorded after every
+epoch inside the training scan (`geoparam.analysis.scan_tracked`). results.json
+also states the paper's claims against the measurements (`claims`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 import optax
 
 from experiments import models
+from geoparam import analysis
 from geoparam import schedules
 
 FLAGS = flags.FLAGS
@@ -53,6 +58,7 @@ flags.DEFINE_integer('hidden', 100, 'Hidden units.')
 
 NUM_POINTS = 50
 NOISE = 0.1
+SPECTRUM_ROWS = 11  # bars in the location spectra (Fig. 2 d-g)
 
 
 def levy(x):
@@ -72,33 +78,31 @@ def make_data(seed: int, dtype) -> dict[str, np.ndarray]:
           dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test).items()}
 
 
+def hidden_layer(method: str, variables, x_train) -> dict[str, Any]:
+  """The hidden layer in `geoparam.analysis` form, for the function trained on `x_train`.
+
+  Training is full batch, so BN and MBN normalize with the statistics of
+  `x_train` (training mode); those are folded, not the lagging running ones.
+  """
+  p = variables['params']
+  stats = None
+  if method == 'bn':
+    stats = analysis.batch_statistics(x_train @ p['hidden_0']['kernel'])
+  elif method == 'wn_mbn':
+    w, _ = analysis.affine(analysis.layer_variables(variables, 'wn', 'hidden_0'), 'wn')
+    stats = {'mean': jnp.mean(x_train @ w, axis=0)}
+  return analysis.layer_variables(variables, method, 'hidden_0', bn_epsilon=1e-3,
+                                  batch_stats=stats)
+
+
 def boundary_points(method: str, variables, x_train) -> jax.Array:
   """Characteristic points phi (shape `(hidden,)`) of the hidden units, inputs in R^1.
 
-  The boundary is where the unit's pre-activation is zero: `phi = -b / w` for
-  SP; WN uses `w = g v / |v|`; BN uses the training-mode batch statistics of
-  `x_train`; GmP `phi = -lam * sign` (eq. 9 with u = sign in R^1).
+  `geoparam.analysis.boundary_location` of `hidden_layer`: `-b / w` for SP, WN
+  with `w = g v / |v|`, BN/MBN folded with the batch statistics of `x_train`,
+  GmP `-lam * sign`.
   """
-  p = variables['params']
-  if method == 'sp':
-    w, b = p['hidden_0']['kernel'][0], p['hidden_0']['bias']
-    return -b / w
-  if method in ('wn', 'wn_mbn'):
-    v = p['hidden_0']['kernel'][0]
-    g = p['hidden_0_wn']['hidden_0/kernel/scale']
-    w = g * jnp.sign(v)
-    if method == 'wn':
-      return -p['hidden_0']['bias'] / w
-    mean = w * jnp.mean(x_train)
-    return (mean - p['hidden_0_mbn']['bias']) / w
-  if method == 'bn':
-    w = p['hidden_0']['kernel'][0]
-    bn = p['hidden_0_bn']
-    h = x_train[:, 0:1] * w[None, :]
-    mean, var = jnp.mean(h, 0), jnp.var(h, 0)
-    return (mean - bn['bias'] * jnp.sqrt(var + 1e-3) / bn['scale']) / w
-  g = p['hidden_0']
-  return -g['lam'] * jnp.sign(g['sign'])
+  return analysis.boundary_location(hidden_layer(method, variables, x_train), method)[:, 0]
 
 
 def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int,
@@ -126,8 +130,7 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
     others = {k: v for k, v in variables.items() if k != 'params'}
     init_pred = predict(variables, x_test)
     carry = dict(params=params, others=others, opt=opt.init(params), plateau=plateau.init(lr),
-                 stop=stopper.init(), best=(params, others),
-                 phi=boundary_points(method, variables, x))
+                 stop=stopper.init(), best=(params, others))
 
     def epoch(carry, _):
       (loss, others), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -139,16 +142,19 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
       plateau_state = plateau.update(carry['plateau'], loss)
       stop_state = stopper.update(carry['stop'], loss)
       opt_state = schedules.set_learning_rate(opt_state, plateau_state.lr)
-      phi = boundary_points(method, {'params': params, **others}, x)
       new = dict(params=params, others=others, opt=opt_state, plateau=plateau_state,
                  stop=stop_state, best=schedules.keep_best(
-                     stop_state.improved, carry['best'], (params, others)), phi=phi)
+                     stop_state.improved, carry['best'], (params, others)))
       active = ~carry['stop'].stop  # Keras: the epoch that triggers the stop still runs.
-      out = dict(loss=loss, lr=carry['plateau'].lr, active=active,
-                 max_dphi=jnp.where(active, jnp.max(jnp.abs(phi - carry['phi'])), jnp.nan))
+      out = dict(loss=loss, lr=carry['plateau'].lr, active=active)
       return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, carry), out
 
-    carry, trace = jax.lax.scan(epoch, carry, None, length=epochs)
+    # Boundary points of every hidden unit after every epoch, recorded inside the scan.
+    layer = lambda c: hidden_layer(method, {'params': c['params'], **c['others']}, x)
+    carry, trace, track = analysis.scan_tracked(epoch, carry, length=epochs, layer=layer,
+                                                kind=method)
+    trace['max_dphi'] = jnp.where(trace['active'],
+                                  analysis.max_location_change(track.location), jnp.nan)
     # restore_best_weights: Keras restores the best weights when it stops early.
     final = jax.tree.map(lambda b, c: jnp.where(carry['stop'].stop, b, c),
                          carry['best'], (carry['params'], carry['others']))
@@ -157,7 +163,8 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
     rmse = jnp.sqrt(jnp.mean((pred - y_test) ** 2))
     return dict(rmse=rmse, init_pred=init_pred[:, 0], pred=pred[:, 0], trace=trace,
                 epochs_run=jnp.sum(trace['active']), final_lr=carry['plateau'].lr,
-                stopped=carry['stop'].stop, final_phi=boundary_points(method, final_vars, x))
+                stopped=carry['stop'].stop, final_phi=boundary_points(method, final_vars, x),
+                locations=track.location[:, :, 0])
 
   t0 = time.perf_counter()
   out = jax.jit(jax.vmap(run))(keys)
@@ -171,6 +178,25 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
 
 def learning_rate(method: str, lr_gmp: float, lr_others: float) -> float:
   return lr_gmp if method.startswith('gmp') else lr_others
+
+
+def check_claims(results) -> dict[str, str]:
+  """The paper's Levy claims (Sec. 3.5), stated against what was measured (all seeds)."""
+  out = {}
+  peaks = {m: float(np.nanmax(r['trace']['max_dphi'])) for m, r in results.items()}
+  for m, peak in peaks.items():
+    if m.startswith('gmp'):
+      out[f'{m}: max_i |dphi| < 1 at every step'] = (
+          f'{"holds" if peak < 1 else "FAILS"} (max over steps and seeds {peak:.3g})')
+    else:
+      out[f'{m}: max_i |dphi| exceeds 1 by orders of magnitude at some step'] = (
+          f'{"holds" if peak >= 8 else "does not hold"} (max {peak:.3g} = 2^{np.log2(peak):.1f})')
+  rmse = {m: float(np.mean(r['rmse'])) for m, r in results.items()}
+  best = min(rmse, key=rmse.get)
+  out['GmP has the lowest test RMSE'] = (
+      f'{"holds" if best.startswith("gmp") else "does not hold"} (lowest: {best} '
+      f'{rmse[best]:.4f})')
+  return out
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> str:
@@ -226,6 +252,64 @@ def plot(results, data, workdir):
   plt.close(fig)
 
 
+def spectrum_steps(epochs_run: int, rows: int = SPECTRUM_ROWS) -> list[int]:
+  """Steps from initialization (0) to the last epoch run, geometrically spaced, for the spectra.
+
+  Geometric spacing shows the early epochs, where the points move most.
+  """
+  last = max(int(epochs_run), 1)
+  return sorted({0, *(int(round(v)) for v in np.geomspace(1, last, rows - 1))})
+
+
+def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS):
+  """location_spectra.png, Fig. 2 d-g: predictions (top) and boundary-point spectra (bottom).
+
+  Seed 0 of each method. Each horizontal bar of the bottom row holds one tick per
+  hidden unit at its characteristic point phi_i, for a chosen step, from
+  initialization (bottom) to the end of training (top); points outside the
+  plotted range are counted at the right.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  methods = list(results)
+  lo, hi = -12.0, 12.0
+  fig, axes = plt.subplots(2, len(methods), figsize=(3.6 * len(methods), 6.6), squeeze=False,
+                           gridspec_kw=dict(height_ratios=[1, 1.3]), sharex=True)
+  for j, m in enumerate(methods):
+    r = results[m]
+    ax = axes[0][j]
+    ax.plot(data['x_test'][:, 0], data['y_test'][:, 0], 'k-', lw=1, label='Levy')
+    ax.scatter(data['x_train'][:, 0], data['y_train'][:, 0], s=8, c='k', label='train')
+    ax.plot(data['x_test'][:, 0], r['init_pred'][0], 'C1--', lw=1, label='init')
+    ax.plot(data['x_test'][:, 0], r['pred'][0], 'C0-', lw=1.2, label='trained')
+    ax.set_title(f'{m.upper()}: RMSE {r["rmse"][0]:.3f}', fontsize=10)
+    ax.set_ylim(-0.6, float(np.max(data['y_train'])) + 0.6)
+    ax = axes[1][j]
+    steps = spectrum_steps(r['epochs_run'][0], rows)
+    for k, t in enumerate(steps):
+      phi = r['locations'][0, t]
+      inside = phi[(phi >= lo) & (phi <= hi)]
+      ax.vlines(inside, k - 0.38, k + 0.38, color=plt.cm.viridis(k / max(len(steps) - 1, 1)),
+                lw=0.9)
+      outside = phi.size - inside.size
+      if outside:
+        ax.text(hi, k, f' +{outside}', va='center', ha='left', fontsize=7, color='C3')
+    ax.axvspan(-10, 10, color='0.93', zorder=-1)  # the data range
+    ax.set_yticks(range(len(steps)))
+    ax.set_yticklabels([str(t) for t in steps], fontsize=7)
+    ax.set_ylim(-0.6, len(steps) - 0.4)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel(r'characteristic point $\phi_i$')
+    if j == 0:
+      ax.set_ylabel('step (epoch)')
+  axes[0][0].legend(fontsize=7, loc='upper center', ncol=2)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'location_spectra.png'), dpi=120)
+  plt.close(fig)
+
+
 def run_study(workdir: str, methods, epochs: int = 10000, seed: int = 0, num_seeds: int = 5,
               float64: bool = True, lr_gmp: float = 0.1, lr_others: float = 0.01,
               plateau_patience: int = 500, stop_patience: int = 1000, hidden: int = 100,
@@ -266,6 +350,15 @@ def _run_study(workdir, methods, epochs, seed, num_seeds, float64, lr_gmp, lr_ot
       'per_seed': {m: r['rmse'].tolist() for m, r in results.items()},
       'epochs_run': {m: r['epochs_run'].tolist() for m, r in results.items()},
       'max_abs_dphi': {m: float(np.nanmax(r['trace']['max_dphi'])) for m, r in results.items()},
+      'max_abs_dphi_per_seed': {m: np.nanmax(r['trace']['max_dphi'], axis=1).tolist()
+                                for m, r in results.items()},
+      'steps_with_dphi_ge_1': {m: np.nansum(r['trace']['max_dphi'] >= 1.0, axis=1).tolist()
+                               for m, r in results.items()},
+      'spectra_seed0': {m: {'steps': spectrum_steps(r['epochs_run'][0]),
+                            'phi': [r['locations'][0, t].tolist()
+                                    for t in spectrum_steps(r['epochs_run'][0])]}
+                        for m, r in results.items()},
+      'claims': check_claims(results),
       'config': dict(methods=list(methods), epochs=epochs, seed=seed, num_seeds=num_seeds,
                      float64=float64, lr_gmp=lr_gmp, lr_others=lr_others,
                      plateau_patience=plateau_patience, stop_patience=stop_patience,
@@ -285,9 +378,13 @@ def _run_study(workdir, methods, epochs, seed, num_seeds, float64, lr_gmp, lr_ot
     f.write(table + '\n')
   if make_plots:
     plot(results, data, workdir)
+    plot_spectra(results, data, workdir)
   print(table)
+  for claim, verdict in summary['claims'].items():
+    print(f'[levy_1d] paper claim: {claim}: {verdict}')
   print(f'[levy_1d] wrote results.json, results.csv, results.md'
-        f'{", predictions.png, boundary_change.png" if make_plots else ""} to {workdir} '
+        f'{", predictions.png, boundary_change.png, location_spectra.png" if make_plots else ""} '
+        f'to {workdir} '
         f'in {summary["wall_seconds"]:.1f} s')
   return {'summary': summary, 'results': results}
 

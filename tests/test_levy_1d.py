@@ -29,9 +29,16 @@ def test_cli_runs_end_to_end(tmp_path):
   for m, rmse in summary['test_rmse'].items():
     assert np.isfinite(rmse) and rmse > 0, m
     assert len(summary['per_seed'][m]) == 2
-  for name in ('results.csv', 'results.md', 'predictions.png', 'boundary_change.png'):
+  for name in ('results.csv', 'results.md', 'predictions.png', 'boundary_change.png',
+               'location_spectra.png'):
     assert (workdir / name).stat().st_size > 0, name
   assert '| gmp |' in proc.stdout
+  assert 'paper claim' in proc.stdout
+  assert any('GmP has the lowest' in k for k in summary['claims'])
+  for m in ('sp', 'gmp'):
+    spectra = summary['spectra_seed0'][m]
+    assert spectra['steps'][0] == 0 and len(spectra['phi'][0]) == 100
+    assert len(summary['max_abs_dphi_per_seed'][m]) == 2
 
 
 def test_unknown_method_is_a_clear_error(tmp_path):
@@ -98,3 +105,25 @@ def _hidden_preactivation(model, variables, probe, x, method):
     return (probe @ k - hx.mean(0)) / jnp.sqrt(hx.var(0) + 1e-3) * bn['scale'] + bn['bias']
   g = p['hidden_0']
   return probe * jnp.sign(g['sign']) + g['lam']
+
+
+def test_tracked_boundary_changes_match_the_recorded_points(tmp_path):
+  """max_dphi per epoch is max_i |phi_{i,t+1} - phi_{i,t}| of the points recorded in the scan."""
+  out = levy_1d.run_study(str(tmp_path), ['bn'], epochs=25, num_seeds=2, hidden=6,
+                          stop_patience=5, plateau_patience=3, make_plots=False)
+  data = levy_1d.make_data(0, np.float64)
+  for m, r in out['results'].items():
+    locs = r['locations']  # (seeds, epochs + 1, hidden)
+    assert locs.shape == (2, 26, 6)
+    expected = np.max(np.abs(np.diff(locs, axis=1)), axis=2)
+    active = r['trace']['active']
+    np.testing.assert_allclose(r['trace']['max_dphi'][active], expected[active], rtol=1e-12)
+    assert np.all(np.isnan(r['trace']['max_dphi'][~active]))
+    # Index 0 is the initialization (BN: phi = mean(x) / w, not 0): the fresh model's points.
+    with jax.enable_x64(True):
+      model = models.MLP(hidden=(6,), out=1, method=m, gmp_glorot_scale=True,
+                         param_dtype=jnp.float64)
+      keys = jax.random.split(jax.random.key(0), 2)
+      variables = model.init(keys[1], jnp.asarray(data['x_train']), train=False)
+      phi0 = levy_1d.boundary_points(m, variables, jnp.asarray(data['x_train']))
+    np.testing.assert_allclose(locs[1, 0], phi0, rtol=1e-12, atol=1e-300)
