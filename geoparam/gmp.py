@@ -3,7 +3,8 @@
 A GmP unit computes `scale * act(u(theta)^T x + lam)`: `u(theta)` is the unit
 direction of eq. (10), `lam` the signed distance of the activation boundary
 from the origin and `scale` the paper's `r`. With `input_mean_norm=True` the
-input is centred first (IMN, eq. 16).
+input is centred first (IMN, eq. 16; GmPDense folds the mean into the bias,
+`lam - u^T mu`; running mean in `batch_stats/input_mean_norm/mean`).
 
 Parameters (collection `params`):
   theta: `(fan_in - 1, features)`, fan-in first like a Flax kernel.
@@ -60,13 +61,14 @@ class _GmPBase(nn.Module):
     if not isinstance(self.features, int) or self.features < 1:
       raise ValueError(f'features must be a positive integer, got {self.features!r}.')
 
-  def _maybe_centre(self, x, use_running_average):
+  def _input_mean(self, x, use_running_average):
+    """IMN's mean of the inputs `(in_features,)` (batch_stats/input_mean_norm/mean), or None."""
     if not self.input_mean_norm:
-      return x
-    return InputMeanNorm(
-        use_running_average=self.use_running_average,
-        momentum=self.momentum,
-        name='input_mean_norm')(x, use_running_average=use_running_average)
+      return None
+    imn = InputMeanNorm(
+        use_running_average=self.use_running_average, momentum=self.momentum,
+        name='input_mean_norm')
+    return imn.mean(x, use_running_average)
 
   def _params(self, fan_in: int):
     """Creates theta, lam, scale (and sign for fan-in 1); returns the kernel and both vectors."""
@@ -148,8 +150,11 @@ class GmPDense(_GmPBase):
     inputs = jnp.asarray(inputs)
     if inputs.ndim < 1:
       raise ValueError(f'GmPDense expects inputs of shape (..., fan_in), got {inputs.shape}.')
-    inputs = self._maybe_centre(inputs, use_running_average)
+    mean = self._input_mean(inputs, use_running_average)
     kernel, lam, scale = self._params(inputs.shape[-1])
+    if mean is not None:
+      # IMN folded into the bias: u^T (x - mu) + lam = u^T x + (lam - u^T mu); no pass over x.
+      lam = lam - jnp.dot(mean.astype(kernel.dtype), kernel, precision=self.precision)
     inputs, kernel, lam, scale = nn.dtypes.promote_dtype(
         inputs, kernel, lam, scale, dtype=self.dtype)
     z = jax.lax.dot_general(
@@ -222,7 +227,11 @@ class GmPConv(_GmPBase):
       raise ValueError(
           f'feature_group_count={groups} must divide in_features={in_features} and '
           f'features={self.features}.')
-    inputs = self._maybe_centre(inputs, use_running_average)
+    mean = self._input_mean(inputs, use_running_average)
+    if mean is not None:
+      # Explicit subtraction: with zero padding, folding the mean into the bias would
+      # also subtract it at padded positions, which IMN does not.
+      inputs = inputs - mean.astype(inputs.dtype)
     fan_in = math.prod(self.kernel_size) * (in_features // groups)
     kernel, lam, scale = self._params(fan_in)
     kernel_shape = tuple(self.kernel_size) + (in_features // groups, self.features)

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ['batch_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
+__all__ = ['batch_mean', 'running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
 
 
 def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
@@ -37,32 +37,30 @@ def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
   return mean
 
 
-class _RunningMean(nn.Module):
-  """Shared machinery: batch mean in training, running mean in evaluation."""
+def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
+                 momentum: float = 0.99, axis_name: str | None = None,
+                 name: str = 'mean') -> jax.Array:
+  """The mean to subtract from `x`, shape `(features,)`, kept in `module`'s `batch_stats`.
 
-  use_running_average: bool | None = None
-  momentum: float = 0.99
-  axis_name: str | None = None
-
-  def centred(self, x, use_running_average):
-    use_running_average = nn.merge_param(
-        'use_running_average', self.use_running_average, use_running_average)
-    if not 0.0 <= self.momentum <= 1.0:
-      raise ValueError(f'momentum must be in [0, 1], got {self.momentum}.')
-    features = x.shape[-1]
-    stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
-    ra_mean = self.variable(
-        'batch_stats', 'mean', lambda s: jnp.zeros(s, stat_dtype), (features,))
-    if use_running_average:
-      mean = ra_mean.value
-    else:
-      mean = batch_mean(x, self.axis_name)
-      if not self.is_initializing():
-        ra_mean.value = self.momentum * ra_mean.value + (1.0 - self.momentum) * mean
-    return x - mean.astype(x.dtype)
+  Training (`use_running_average=False`): the batch mean over every axis but the
+  last; the running mean `batch_stats/<name>` is updated as
+  `m <- momentum * m + (1 - momentum) * batch_mean` (not while initializing).
+  Evaluation: the running mean. Call it from inside a module's compact method.
+  """
+  if not 0.0 <= momentum <= 1.0:
+    raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+  stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
+  ra_mean = module.variable(
+      'batch_stats', name, lambda s: jnp.zeros(s, stat_dtype), (x.shape[-1],))
+  if use_running_average:
+    return ra_mean.value
+  mean = batch_mean(x, axis_name)
+  if not module.is_initializing():
+    ra_mean.value = momentum * ra_mean.value + (1.0 - momentum) * mean
+  return mean
 
 
-class InputMeanNorm(_RunningMean):
+class InputMeanNorm(nn.Module):
   """Input mean normalization: `x - E[x]` per feature, no learned parameters.
 
   Example usage::
@@ -84,13 +82,27 @@ class InputMeanNorm(_RunningMean):
     axis_name: optional named axis to average the batch mean over (shard_map/pmap).
   """
 
+  use_running_average: bool | None = None
+  momentum: float = 0.99
+  axis_name: str | None = None
+
   @nn.compact
+  def mean(self, x, use_running_average: bool | None = None):
+    """The mean IMN subtracts from `x` `(..., features)`: shape `(features,)`.
+
+    GmP layers call this to fold the mean into their bias.
+    """
+    use_running_average = nn.merge_param(
+        'use_running_average', self.use_running_average, use_running_average)
+    return running_mean(self, jnp.asarray(x), use_running_average, self.momentum, self.axis_name)
+
   def __call__(self, x, use_running_average: bool | None = None):
     """Centres `x` of shape `(..., features)` over all but the last axis."""
-    return self.centred(jnp.asarray(x), use_running_average)
+    x = jnp.asarray(x)
+    return x - self.mean(x, use_running_average).astype(x.dtype)
 
 
-class MeanOnlyBatchNorm(_RunningMean):
+class MeanOnlyBatchNorm(nn.Module):
   """Mean-only batch normalization: `x - E[x] + bias` per feature (Salimans & Kingma).
 
   Example usage::
@@ -110,6 +122,9 @@ class MeanOnlyBatchNorm(_RunningMean):
     param_dtype: dtype of the bias.
   """
 
+  use_running_average: bool | None = None
+  momentum: float = 0.99
+  axis_name: str | None = None
   use_bias: bool = True
   bias_init: Any = nn.initializers.zeros
   param_dtype: Any = jnp.float32
@@ -118,7 +133,9 @@ class MeanOnlyBatchNorm(_RunningMean):
   def __call__(self, x, use_running_average: bool | None = None):
     """Centres pre-activations `x` of shape `(..., features)` and adds the bias."""
     x = jnp.asarray(x)
-    y = self.centred(x, use_running_average)
+    use_running_average = nn.merge_param(
+        'use_running_average', self.use_running_average, use_running_average)
+    y = x - running_mean(self, x, use_running_average, self.momentum, self.axis_name).astype(x.dtype)
     if self.use_bias:
       bias = self.param('bias', self.bias_init, (x.shape[-1],), self.param_dtype)
       y = y + bias.astype(y.dtype)
