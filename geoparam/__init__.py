@@ -1,29 +1,57 @@
 """geoparam: geometric parameterization (GmP), IMN, LCW and characteristic activation analysis.
 
 The public API is re-exported here; submodules hold the pure functions
-(`geoparam.hyperspherical`, `geoparam.convert`, ...).
+(`geoparam.hyperspherical`, `geoparam.lcw`, `geoparam.convert`, ...).
 """
 
+from geoparam import analysis
 from geoparam import convert
 from geoparam import hyperspherical
 from geoparam import initializers
+from geoparam import lcw
+from geoparam import masks
 from geoparam import schedules
+from geoparam import variance
+from geoparam.activations import PReLU
+from geoparam.activations import prelu
+from geoparam.baselines import CWNConv
+from geoparam.baselines import CWNDense
+from geoparam.baselines import StandardizationLayer
 from geoparam.gmp import GmPConv
 from geoparam.gmp import GmPDense
 from geoparam.gmp import gmp_kernel
+from geoparam.he_init import he_normal
+from geoparam.he_init import he_uniform
+from geoparam.linear_constrained import LCWConv
+from geoparam.linear_constrained import LCWDense
+from geoparam.masks import decay_mask
 from geoparam.normalization import InputMeanNorm
 from geoparam.normalization import MeanOnlyBatchNorm
 
 __version__ = '0.1.0'
 
 __all__ = [
+  'CWNConv',
+  'CWNDense',
   'GmPConv',
   'GmPDense',
   'InputMeanNorm',
+  'LCWConv',
+  'LCWDense',
   'MeanOnlyBatchNorm',
+  'PReLU',
+  'StandardizationLayer',
+  'analysis',
   'convert',
+  'decay_mask',
   'gmp_kernel',
+  'he_normal',
+  'he_uniform',
   'hyperspherical',
   'initializers',
+  'lcw',
+  'masks',
+  'prelu',
   'schedules',
+  'variance',
 ]
