@@ -1,0 +1,345 @@
+"""Tests for geoparam.hyperspherical: the map u(theta) of eq. (10), its inverse and metric."""
+
+import jax
+import jax.numpy as jnp
+from jax.test_util import check_grads
+import numpy as np
+import pytest
+
+from geoparam import hyperspherical as hs
+from tests.conftest import ref_to_cartesian
+
+SIZES = [1, 2, 3, 16, 17, 100, 1000, 5000]  # lengths of theta (n - 1)
+KINDS = ['wide', 'half_pi', 'sphere']
+
+# Jitted once per module: the map is compiled per shape and dtype.
+_u = jax.jit(hs.to_cartesian)
+_from = jax.jit(hs.from_cartesian)
+
+
+def _theta(rng, size, kind):
+  if kind == 'wide':  # any reals, far outside the canonical ranges, both signs
+    return rng.normal(scale=10.0, size=size)
+  if kind == 'half_pi':  # energy pushed to the last coordinates
+    return np.pi / 2 + rng.normal(scale=0.02, size=size)
+  if kind == 'sphere':  # a uniform direction
+    return np.asarray(hs.from_cartesian(jnp.asarray(rng.normal(size=size + 1)))[0])
+  raise ValueError(kind)
+
+
+# --- to_cartesian: unit norm, dtype, reference ----------------------------------------------
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_to_cartesian_unit_norm_float32(size):
+  for kind in KINDS:
+    theta = _theta(np.random.default_rng(size), size, kind).astype(np.float32)
+    u = _u(jnp.asarray(theta))
+    assert u.shape == (size + 1,)
+    assert u.dtype == jnp.float32
+    assert np.all(np.isfinite(u))
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(u, np.float64)), 1.0, rtol=2e-5)
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_to_cartesian_unit_norm_float64(x64, size):
+  for kind in KINDS:
+    theta = _theta(np.random.default_rng(size), size, kind)
+    u = _u(jnp.asarray(theta))
+    assert u.dtype == jnp.float64
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(u)), 1.0, rtol=1e-12)
+
+
+def test_to_cartesian_eager_equals_jit():
+  theta = jnp.asarray(np.random.default_rng(0).normal(size=20), jnp.float32)
+  np.testing.assert_allclose(hs.to_cartesian(theta), _u(theta), rtol=1e-6, atol=1e-7)
+
+
+def test_to_cartesian_empty_theta():
+  u = hs.to_cartesian(jnp.zeros((0,), jnp.float32))
+  assert u.shape == (1,)
+  np.testing.assert_allclose(np.abs(u), 1.0)
+
+
+@pytest.mark.parametrize('size', [1, 2, 3, 5, 40, 300])
+def test_to_cartesian_matches_numpy_reference(x64, size):
+  for kind in KINDS:
+    theta = _theta(np.random.default_rng(100 + size), size, kind)
+    u = np.asarray(_u(jnp.asarray(theta)))
+    np.testing.assert_allclose(u, ref_to_cartesian(theta), rtol=1e-12, atol=1e-14)
+
+
+def test_to_cartesian_matches_reference_float32():
+  theta = np.random.default_rng(7).uniform(-7, 7, size=50)
+  u = np.asarray(_u(jnp.asarray(theta, jnp.float32)))
+  np.testing.assert_allclose(u, ref_to_cartesian(theta.astype(np.float32)), atol=2e-6)
+
+
+def test_to_cartesian_rejects_batched_theta():
+  with pytest.raises(ValueError):
+    hs.to_cartesian(jnp.zeros((3, 4)))
+
+
+# --- from_cartesian: inverse, ranges, dtype --------------------------------------------------
+
+
+def _gaussians(rng, n, count=8):
+  w = rng.normal(size=(count, n))
+  w[: count // 2, -1] = -np.abs(w[: count // 2, -1])  # half with negative last coordinate
+  w[count // 2:, -1] = np.abs(w[count // 2:, -1])
+  w[0, -2] = -abs(w[0, -2])  # and every sign pattern of the last pair
+  w[1, -2] = abs(w[1, -2])
+  return w
+
+
+def _check_ranges(theta):
+  theta = np.asarray(theta)
+  assert np.all(theta[:-1] >= 0) and np.all(theta[:-1] <= np.pi)
+  assert np.all(theta[-1] >= 0) and np.all(theta[-1] < 2 * np.pi)
+
+
+@pytest.mark.parametrize('n', [2, 3, 17, 4608])
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+def test_from_cartesian_round_trip(n, dtype):
+  with jax.enable_x64(dtype == 'float64'):
+    rng = np.random.default_rng(n)
+    tol = 1e-5 if dtype == 'float32' else 1e-12
+    for w in _gaussians(rng, n):
+      w = jnp.asarray(w, dtype)
+      theta, radius = _from(w)
+      assert theta.shape == (n - 1,) and radius.shape == ()
+      assert theta.dtype == w.dtype and radius.dtype == w.dtype
+      _check_ranges(theta)
+      w64 = np.asarray(w, np.float64)
+      back = np.asarray(radius, np.float64) * np.asarray(_u(theta), np.float64)
+      assert np.linalg.norm(back - w64) < tol * np.linalg.norm(w64)
+      np.testing.assert_allclose(float(radius), np.linalg.norm(w64), rtol=tol)
+      # Every coordinate keeps its sign (the last one included).
+      big = np.abs(w64) > 1e-3 * np.linalg.norm(w64)
+      assert np.all(np.sign(back[big]) == np.sign(w64[big]))
+
+
+def test_from_cartesian_to_cartesian_round_trip_of_angles(x64):
+  # to_cartesian o from_cartesian = id on the sphere and from_cartesian o to_cartesian = id on
+  # the canonical chart (away from its singular set).
+  rng = np.random.default_rng(3)
+  for n in [2, 3, 10]:
+    theta = rng.uniform(0.1, np.pi - 0.1, size=n - 1)
+    theta[-1] = rng.uniform(0.1, 2 * np.pi - 0.1)
+    back, radius = hs.from_cartesian(hs.to_cartesian(jnp.asarray(theta)))
+    np.testing.assert_allclose(back, theta, atol=1e-12)
+    np.testing.assert_allclose(radius, 1.0, rtol=1e-14)
+
+
+def test_from_cartesian_vmaps_over_columns(x64):
+  rng = np.random.default_rng(5)
+  w = rng.normal(size=(9, 6))
+  theta, radius = jax.vmap(hs.from_cartesian, in_axes=1, out_axes=(1, 0))(jnp.asarray(w))
+  assert theta.shape == (8, 6) and radius.shape == (6,)
+  for j in range(6):
+    t_j, r_j = hs.from_cartesian(jnp.asarray(w[:, j]))
+    np.testing.assert_allclose(theta[:, j], t_j, atol=1e-14)
+    np.testing.assert_allclose(radius[j], r_j, rtol=1e-14)
+
+
+@pytest.mark.parametrize('w', [
+    [1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, -2.0], [0.0, -3.0, 0.0], [0.0, 0.0, 0.0, 5.0],
+    [1e-30, 0.0, -1e-30], [3e30, -4e30],
+])
+def test_from_cartesian_axes_and_extremes(w):
+  w = jnp.asarray(w, jnp.float32)
+  theta, radius = hs.from_cartesian(w)
+  assert np.all(np.isfinite(theta)) and np.isfinite(radius)
+  _check_ranges(theta)
+  w64 = np.asarray(w, np.float64)
+  np.testing.assert_allclose(float(radius), np.linalg.norm(w64), rtol=1e-6)
+  back = np.asarray(hs.to_cartesian(theta), np.float64)
+  np.testing.assert_allclose(back, w64 / np.linalg.norm(w64), atol=1e-6)
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+def test_from_cartesian_tiny_negative_last_coordinate_stays_below_two_pi(dtype):
+  # A last pair (x_{n-1}, x_n) = (1, -tiny) has a last angle just below 2 pi: in the working
+  # precision it must still land in [0, 2 pi), i.e. strictly below the rounded 2 pi.
+  with jax.enable_x64(dtype == 'float64'):
+    for tiny in [1e-9, 1e-20]:
+      w = jnp.asarray([0.5, 1.0, -tiny], dtype)
+      theta, _ = hs.from_cartesian(w)
+      last = np.asarray(theta)[-1]
+      assert 0 <= last < np.asarray(2 * np.pi, dtype), (dtype, tiny, last)
+
+
+def test_from_cartesian_rejects_bad_shapes():
+  with pytest.raises(ValueError):
+    hs.from_cartesian(jnp.ones((1,)))
+  with pytest.raises(ValueError):
+    hs.from_cartesian(jnp.ones((3, 2)))
+
+
+def test_float32_fan_in_4608_uniform_direction_does_not_underflow():
+  n = 4608
+  for seed in range(3):
+    g = np.asarray(jax.random.normal(jax.random.key(seed), (n,), jnp.float32))
+    theta, _ = _from(jnp.asarray(g))
+    u = np.asarray(_u(theta), np.float64)
+    d = g.astype(np.float64) / np.linalg.norm(g.astype(np.float64))
+    # Every coordinate reproduces the Gaussian direction, the last ones included
+    # (typical |d_i| ~ 1/sqrt(n) ~ 0.015).
+    assert np.max(np.abs(u - d)) < 2e-6, np.max(np.abs(u - d))
+    assert np.linalg.norm(u - d) < 1e-5
+    tail = slice(n - n // 10, n)
+    np.testing.assert_allclose(np.sum(u[tail] ** 2), np.sum(d[tail] ** 2), rtol=1e-4)
+    assert np.count_nonzero(np.abs(u) < 1e-30) == np.count_nonzero(np.abs(d) < 1e-30)
+
+
+# --- Theorem 3 and the metric -----------------------------------------------------------------
+
+
+def _random_theta(rng, n):
+  # Canonical-range angles, kept away from the poles so that M is not degenerate.
+  theta = rng.uniform(0.3, np.pi - 0.3, size=n - 1)
+  theta[-1] = rng.uniform(0, 2 * np.pi)
+  return theta
+
+
+@pytest.mark.parametrize('n', [2, 3, 5, 17, 64])
+def test_theorem3_first_order(x64, n):
+  rng = np.random.default_rng(n)
+  for _ in range(4):
+    theta = _random_theta(rng, n)
+    d = rng.normal(size=n - 1)
+    d /= np.linalg.norm(d)
+    m = np.asarray(hs.metric_diag(jnp.asarray(theta)))
+    u0 = _u(jnp.asarray(theta))
+    rel = []
+    for t in [1e-2, 1e-3, 1e-4]:
+      theta2 = theta + t * d
+      eps = theta2 - theta  # the perturbation actually applied, after rounding
+      angle = float(hs.angle_between(u0, _u(jnp.asarray(theta2))))
+      predicted = np.sqrt(eps @ (m * eps))
+      assert angle <= np.linalg.norm(eps) * (1 + 1e-10)
+      rel.append(abs(angle - predicted) / predicted)
+    # The relative error is O(|eps|): bounded by C |eps| with one C for all three sizes, and
+    # shrinking by about 10x with every 10x smaller eps (or already at rounding level).
+    assert max(r / t for r, t in zip(rel, [1e-2, 1e-3, 1e-4])) < 20, rel
+    assert rel[2] < 0.2 * rel[1] + 1e-9 and rel[1] < 0.2 * rel[0] + 1e-9, rel
+
+
+@pytest.mark.parametrize('n', [2, 3, 10, 100])
+def test_theorem3_bound_never_exceeded(x64, n):
+  rng = np.random.default_rng(1000 + n)
+  u_fn = _u
+  angle_fn = jax.jit(hs.angle_between)
+  for _ in range(30):
+    theta = rng.normal(scale=3.0, size=n - 1)  # any reals
+    theta2 = theta + rng.normal(size=n - 1) * 10.0 ** rng.uniform(-6, 0)
+    eps = theta2 - theta
+    angle = float(angle_fn(u_fn(jnp.asarray(theta)), u_fn(jnp.asarray(theta2))))
+    assert angle <= np.linalg.norm(eps) * (1 + 1e-10) + 1e-15
+
+
+@pytest.mark.parametrize('n', [2, 3, 6, 20])
+def test_metric_diag_is_pullback_metric(x64, n):
+  rng = np.random.default_rng(n)
+  for theta in [rng.normal(scale=3.0, size=n - 1), _random_theta(rng, n)]:
+    jac = np.asarray(jax.jit(jax.jacobian(hs.to_cartesian))(jnp.asarray(theta)))
+    assert jac.shape == (n, n - 1)
+    g = jac.T @ jac
+    np.testing.assert_allclose(g - np.diag(np.diag(g)), 0.0, atol=1e-12)  # M is diagonal
+    m = np.asarray(hs.metric_diag(jnp.asarray(theta)))
+    assert m.shape == (n - 1,) and m.dtype == np.float64
+    np.testing.assert_allclose(m, np.diag(g), rtol=1e-12, atol=1e-14)
+
+
+def test_metric_diag_float32_dtype_and_range():
+  theta = jnp.asarray(np.random.default_rng(0).normal(size=30), jnp.float32)
+  m = hs.metric_diag(theta)
+  assert m.dtype == jnp.float32 and m.shape == (30,)
+  assert np.all(np.asarray(m) >= 0) and np.all(np.asarray(m) <= 1 + 1e-6)
+
+
+# --- gradients -----------------------------------------------------------------------------
+# Reverse mode only: the library documents that forward mode (jvp) is not available through
+# its custom VJP.
+
+
+def _fd_jacobian(theta, h=1e-6):
+  """Central finite-difference Jacobian of the float64 numpy reference, shape (n, n - 1)."""
+  theta = np.asarray(theta, np.float64)
+  cols = []
+  for k in range(theta.shape[0]):
+    e = np.zeros_like(theta)
+    e[k] = h
+    cols.append((ref_to_cartesian(theta + e) - ref_to_cartesian(theta - e)) / (2 * h))
+  return np.stack(cols, axis=1)
+
+
+@pytest.mark.parametrize('n', [2, 3, 12, 40])
+def test_gradients_match_finite_differences(x64, n):
+  rng = np.random.default_rng(n)
+  theta = jnp.asarray(rng.normal(scale=2.0, size=n - 1))
+  if n <= 12:
+    check_grads(jax.jit(hs.to_cartesian), (theta,), order=2 if n <= 3 else 1, modes=('rev',),
+                atol=1e-6, rtol=1e-6)
+  jac = jax.jit(jax.jacrev(hs.to_cartesian))(theta)
+  np.testing.assert_allclose(jac, _fd_jacobian(theta), atol=1e-8)
+
+
+@pytest.mark.parametrize('n', [2, 3, 8])
+def test_gradients_match_finite_differences_at_poles(x64, n):
+  rng = np.random.default_rng(n)
+  theta = rng.normal(size=n - 1)
+  theta[:: 2] = 0.0
+  theta[1:: 2] = np.pi
+  check_grads(jax.jit(hs.to_cartesian), (jnp.asarray(theta),), order=2 if n <= 3 else 1,
+              modes=('rev',), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+def test_values_and_gradients_finite_at_poles(dtype):
+  with jax.enable_x64(dtype == 'float64'):
+    atol = 1e-5 if dtype == 'float32' else 1e-8
+    jac_fn = jax.jit(jax.jacrev(hs.to_cartesian))
+    grad_fn = jax.jit(jax.grad(lambda x, c: jnp.sum(c * hs.to_cartesian(x))))
+    u_fn = _u
+    for n in [2, 5, 24]:
+      for pole in [0.0, np.pi]:
+        rng = np.random.default_rng(n)
+        theta = rng.normal(size=n - 1)
+        theta[:: 3] = pole  # several angles exactly at a pole, the first included
+        for t in [theta, np.full(n - 1, pole)]:  # some, or all, angles at a pole
+          t_j = jnp.asarray(t, dtype)
+          u = u_fn(t_j)
+          assert np.all(np.isfinite(u))
+          np.testing.assert_allclose(float(jnp.linalg.norm(u)), 1.0, rtol=1e-5)
+          jac = np.asarray(jac_fn(t_j))
+          assert jac.dtype == t_j.dtype and np.all(np.isfinite(jac))
+          np.testing.assert_allclose(jac, _fd_jacobian(np.asarray(t_j, np.float64)), atol=atol)
+          c = jnp.asarray(rng.normal(size=n), dtype)
+          grad = grad_fn(t_j, c)
+          assert grad.dtype == t_j.dtype and np.all(np.isfinite(grad))
+          np.testing.assert_allclose(grad, np.asarray(c, np.float64) @ jac, atol=atol)
+        # All angles at the pole: du_2/dtheta_1 = cos(t_1) cos(t_2) (cos(t_1) for n = 2) is
+        # +-1, neither 0 nor NaN.
+        expected = np.cos(pole) * (np.cos(pole) if n > 2 else 1.0)
+        np.testing.assert_allclose(jac[1, 0], expected, atol=1e-6)
+
+
+# --- angle_between -------------------------------------------------------------------------
+
+
+def test_angle_between_matches_arccos(x64):
+  rng = np.random.default_rng(0)
+  for n in [2, 3, 50]:
+    for _ in range(10):
+      u, v = rng.normal(size=(2, n)) * rng.uniform(0.1, 10, size=(2, 1))
+      expected = np.arccos(np.clip(u @ v / np.linalg.norm(u) / np.linalg.norm(v), -1, 1))
+      np.testing.assert_allclose(float(hs.angle_between(jnp.asarray(u), jnp.asarray(v))),
+                                 expected, rtol=1e-10, atol=1e-12)
+    e = np.eye(n)[0]
+    np.testing.assert_allclose(float(hs.angle_between(jnp.asarray(e), jnp.asarray(-3 * e))),
+                               np.pi, rtol=1e-14)
+    # Tiny angles are resolved (arccos of the cosine would return 0).
+    tiny = np.array([np.cos(1e-9), np.sin(1e-9)] + [0.0] * (n - 2))
+    np.testing.assert_allclose(float(hs.angle_between(jnp.asarray(e), jnp.asarray(tiny))),
+                               1e-9, rtol=1e-6)
