@@ -25,6 +25,8 @@ __all__ = [
   'EarlyStoppingState',
   'reduce_on_plateau',
   'early_stopping',
+  'DecayState',
+  'per_epoch_decay',
   'keep_best',
   'set_learning_rate',
 ]
@@ -154,6 +156,41 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
         best_epoch=jnp.where(better, state.epoch, state.best_epoch),
         improved=better,
         stop=stop)
+
+  return Schedule(init, update)
+
+
+class DecayState(NamedTuple):
+  lr: jax.Array  # () float32, current learning rate
+  epoch: jax.Array  # () int32, number of updates seen
+
+  @property
+  def scale(self) -> jax.Array:
+    """The current rate (a scale of the base rate when `init(1.0)`); same as `lr`."""
+    return self.lr
+
+
+def per_epoch_decay(factor: float = 0.95, min_lr: float = 1e-3) -> Schedule:
+  """Multiply the rate by `factor` after every epoch, never going below `min_lr`.
+
+  The LCW paper's rule (003, Sec. 5): lr 0.1, x0.95 per epoch down to 0.001.
+  `update(state, metric=None)` ignores the metric (it has the same signature
+  as `reduce_on_plateau`'s so the two are interchangeable in a training loop).
+  After `e` updates the rate is `max(lr0 * factor**e, min_lr)`; an initial
+  rate below `min_lr` is left as it is.
+  """
+  if not 0.0 < factor <= 1.0:
+    raise ValueError(f'factor must be in the range (0, 1], got factor = {factor}.')
+  if min_lr < 0:
+    raise ValueError(f'min_lr must be >= 0, got {min_lr}.')
+
+  def init(lr) -> DecayState:
+    return DecayState(lr=jnp.asarray(lr, jnp.float32), epoch=jnp.zeros((), jnp.int32))
+
+  def update(state: DecayState, metric=None) -> DecayState:
+    del metric
+    decayed = jnp.maximum(state.lr * jnp.float32(factor), jnp.float32(min_lr))
+    return DecayState(lr=jnp.minimum(state.lr, decayed), epoch=state.epoch + 1)
 
   return Schedule(init, update)
 

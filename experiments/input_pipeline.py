@@ -1,0 +1,437 @@
+"""Input pipelines: random-access sources, per-process batches, augmentation, prefetch.
+
+Sources (`get_sources(config)`):
+
+- `cifar10_jpeg`: the offline CIFAR-10 archive `cifar10-jpeg.tar.gz`
+  (`train/<class>/NNNN.jpg`, `test/<class>/NNNN.jpg`) in `config.data_dir` or
+  `$GEOPARAM_DATA_DIR`. It is decoded once (classes in sorted order, files in
+  sorted order) into a `.npz` cache outside the repository
+  (`config.cache_dir`, `$GEOPARAM_CACHE_DIR` or `~/.cache/geoparam`).
+- `cifar10`, `cifar100`, `imagenet_resized/32x32`, `imagenet2012`: TFDS through
+  `tfds.data_source` (ArrayRecord, random access, no TensorFlow needed).
+  `tfds.load` would need TensorFlow for tf.data; random access also gives the
+  exact, process-count independent data order below.
+
+Order and sharding. Epoch `e` of the training set visits the examples in the
+order `permutation(seed, e)`; global batch `b` is the slice `[b*B, (b+1)*B)` of
+it and process `i` of `p` reads only its contiguous `B/p` part of every global
+batch (the random-access equivalent of `tfds.even_splits`: each process reads
+1/p of the data, and the assembled global batch is the same for any number of
+processes, so a 2-host run equals a 1-host run). Augmentation randomness is
+drawn per global batch from `(seed, epoch, b)`, so it is also independent of
+the process count and of where a resumed run starts. The last partial training
+batch is dropped; evaluation pads the last batch and gives padded examples
+`mask = 0`.
+
+Batches are numpy dicts `{'image': uint8 (b, h, w, 3), 'label': int32 (b,),
+'mask': float32 (b,)}`; the train step normalizes images on the device. A
+thread pool builds the next `prefetch` batches while the devices run (PIL and
+numpy release the GIL), so a slow single core does not starve the devices.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import io
+import os
+import tarfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+JPEG_ARCHIVE = 'cifar10-jpeg.tar.gz'
+TFDS_DATASETS = {
+  # name: (train split, eval split, num_classes)
+  'cifar10': ('train', 'test', 10),
+  'cifar100': ('train', 'test', 100),
+  'imagenet_resized/32x32': ('train', 'validation', 1000),
+  'imagenet2012': ('train', 'validation', 1000),
+}
+DATASETS = ('cifar10_jpeg',) + tuple(TFDS_DATASETS)
+
+# Per-channel statistics of the uint8 images, used by the train step to normalize.
+MEAN_STD = {
+  'cifar': ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+  'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+# AlexNet-style PCA lighting noise (He et al. 2016 use it), RGB eigen-decomposition.
+_EIGVAL = np.array([0.2175, 0.0188, 0.0045], np.float32)
+_EIGVEC = np.array([[-0.5675, 0.7192, 0.4009],
+                    [-0.5808, -0.0045, -0.8140],
+                    [-0.5836, -0.6948, 0.4203]], np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Sources: anything with len() and get(indices) -> (images list/array, labels).
+
+
+@dataclasses.dataclass
+class ArraySource:
+  """In-memory images `(n, h, w, 3)` uint8 and labels `(n,)`."""
+
+  images: np.ndarray
+  labels: np.ndarray
+
+  def __len__(self):
+    return len(self.labels)
+
+  def get(self, indices):
+    return self.images[indices], self.labels[indices]
+
+
+class TfdsSource:
+  """A `tfds.data_source` split: random access to decoded examples."""
+
+  def __init__(self, source):
+    self._source = source
+
+  def __len__(self):
+    return len(self._source)
+
+  def get(self, indices):
+    items = self._source.__getitems__(list(map(int, indices))) if hasattr(
+        self._source, '__getitems__') else [self._source[int(i)] for i in indices]
+    images = [np.asarray(it['image']) for it in items]
+    labels = np.asarray([it['label'] for it in items], np.int32)
+    return images, labels
+
+
+def resolve_data_dir(data_dir: str | None) -> str | None:
+  """`data_dir`, else `$GEOPARAM_DATA_DIR`, else None."""
+  return data_dir or os.environ.get('GEOPARAM_DATA_DIR') or None
+
+
+def default_cache_dir(cache_dir: str | None = None) -> str:
+  return cache_dir or os.environ.get('GEOPARAM_CACHE_DIR') or os.path.join(
+      os.path.expanduser('~'), '.cache', 'geoparam')
+
+
+def decode_jpeg_archive(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+  """Decodes `split/<class>/<file>.jpg` members: split -> (images, labels, class names).
+
+  Classes are the sorted folder names of the `train` split; examples are in
+  sorted (class, file name) order.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  found: dict[str, list[tuple[str, str, np.ndarray]]] = {}
+  with tarfile.open(path, 'r:*') as tf:
+    for member in tf:
+      if not member.isfile() or not member.name.lower().endswith(('.jpg', '.jpeg')):
+        continue
+      parts = member.name.strip('./').split('/')
+      if len(parts) < 3:
+        continue
+      split, cls, fname = parts[-3], parts[-2], parts[-1]
+      with Image.open(io.BytesIO(tf.extractfile(member).read())) as im:
+        found.setdefault(split, []).append((cls, fname, np.asarray(im.convert('RGB'))))
+  if 'train' not in found:
+    raise ValueError(f'{path} has no train/<class>/*.jpg members; found splits {sorted(found)}.')
+  classes = sorted({c for c, _, _ in found['train']})
+  index = {c: i for i, c in enumerate(classes)}
+  out = {}
+  for split, items in found.items():
+    items.sort(key=lambda t: (t[0], t[1]))
+    unknown = sorted({c for c, _, _ in items} - set(index))
+    if unknown:
+      raise ValueError(f'{path}: split {split!r} has classes {unknown} not in train.')
+    images = np.stack([a for _, _, a in items])
+    labels = np.asarray([index[c] for c, _, _ in items], np.int32)
+    out[split] = (images, labels, classes)
+  return out
+
+
+def load_jpeg_archive(data_dir: str | None, cache_dir: str | None = None):
+  """Loads (decoding once, then from the cache) the CIFAR-10 JPEG archive.
+
+  Returns split -> ArraySource and the class names.
+  """
+  resolved = resolve_data_dir(data_dir)
+  path = os.path.join(resolved, JPEG_ARCHIVE) if resolved else None
+  if path is None or not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'dataset cifar10_jpeg: {JPEG_ARCHIVE} not found in data_dir={resolved!r} '
+        f'(config.data_dir={data_dir!r}, $GEOPARAM_DATA_DIR='
+        f'{os.environ.get("GEOPARAM_DATA_DIR")!r}). Pass --config.data_dir=DIR or set '
+        f'GEOPARAM_DATA_DIR to the folder holding {JPEG_ARCHIVE} (on these machines '
+        f'../shared/data from the project root); the archive holds train/<class>/*.jpg and '
+        f'test/<class>/*.jpg.')
+  st = os.stat(path)
+  key = hashlib.sha1(f'{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}'.encode()).hexdigest()
+  cache = os.path.join(default_cache_dir(cache_dir), f'cifar10-jpeg-{key[:16]}.npz')
+  if os.path.isfile(cache):
+    with np.load(cache) as z:
+      classes = [str(c) for c in z['classes']]
+      splits = sorted({k.rsplit('_', 1)[0] for k in z.files if k != 'classes'})
+      data = {s: ArraySource(z[f'{s}_images'], z[f'{s}_labels']) for s in splits}
+    return data, classes
+  decoded = decode_jpeg_archive(path)
+  os.makedirs(os.path.dirname(cache), exist_ok=True)
+  arrays = {'classes': np.asarray(decoded['train'][2])}
+  for s, (images, labels, _) in decoded.items():
+    arrays[f'{s}_images'] = images
+    arrays[f'{s}_labels'] = labels
+  tmp = f'{cache}.{os.getpid()}.tmp.npz'
+  np.savez(tmp, **arrays)
+  os.replace(tmp, cache)  # atomic: concurrent processes never read a partial file
+  data = {s: ArraySource(v[0], v[1]) for s, v in decoded.items()}
+  return data, list(decoded['train'][2])
+
+
+def load_tfds(name: str, split: str, data_dir: str | None):
+  """`tfds.data_source(name, split)` with an error that says how to prepare the data."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  data_dir = resolve_data_dir(data_dir)
+  try:
+    return TfdsSource(tfds.data_source(name, split=split, data_dir=data_dir, download=False))
+  except Exception as e:  # tfds raises several types (DatasetNotFoundError, AssertionError, ...)
+    manual = (' imagenet2012 needs the ILSVRC tars in <data_dir>/downloads/manual first.'
+              if name == 'imagenet2012' else '')
+    raise FileNotFoundError(
+        f'dataset {name!r} split {split!r} not found in data_dir={data_dir!r} ({e}). Prepare it '
+        f'as ArrayRecord where it can be downloaded: `tfds build {name} '
+        f'--file_format=array_record --data_dir=DIR`, then pass --config.data_dir=DIR or set '
+        f'GEOPARAM_DATA_DIR.{manual}') from e
+
+
+@dataclasses.dataclass
+class Sources:
+  train: Any
+  eval: Any
+  num_classes: int
+  mean_std: tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def get_sources(config) -> Sources:
+  """The train and eval sources of `config.dataset`."""
+  name = config.dataset
+  if name == 'cifar10_jpeg':
+    data, classes = load_jpeg_archive(config.data_dir, config.get('cache_dir'))
+    if 'test' not in data:
+      raise ValueError(f'{JPEG_ARCHIVE} has no test/ split; found {sorted(data)}.')
+    train, test = data['train'], data['test']
+    stats = MEAN_STD['cifar']
+    num_classes = len(classes)
+  elif name in TFDS_DATASETS:
+    train_split, eval_split, num_classes = TFDS_DATASETS[name]
+    train = load_tfds(name, train_split, config.data_dir)
+    test = load_tfds(name, eval_split, config.data_dir)
+    stats = MEAN_STD['cifar' if name.startswith('cifar') else 'imagenet']
+  else:
+    raise ValueError(f'unknown dataset {name!r}; accepted: {", ".join(DATASETS)}.')
+  train = _subset(train, config.get('train_examples'))
+  test = _subset(test, config.get('eval_examples'))
+  return Sources(train=train, eval=test, num_classes=num_classes, mean_std=stats)
+
+
+class _Subset:
+  def __init__(self, source, n):
+    self.source, self.n = source, n
+
+  def __len__(self):
+    return self.n
+
+  def get(self, indices):
+    return self.source.get(indices)
+
+
+def _subset(source, n):
+  """`n` examples of `source` (None or 0: all): a fixed random subset of an in-memory
+  source, the first `n` of a TFDS one."""
+  if not n or n >= len(source):
+    return source
+  if isinstance(source, ArraySource):
+    # The archive is sorted by class: take a fixed random subset so every class is in it.
+    keep = np.sort(np.random.default_rng(0).permutation(len(source))[:n])
+    return ArraySource(source.images[keep], source.labels[keep])
+  return _Subset(source, n)
+
+
+# ---------------------------------------------------------------------------
+# Augmentation: functions of (images, per-example uniforms) -> uint8 batch.
+
+NUM_UNIFORMS = 8
+
+
+def augment_flip(images: np.ndarray, u: np.ndarray, pad_crop: int = 0) -> np.ndarray:
+  """Random horizontal flips (u[:, 0] < 0.5), optionally after a random crop of a
+  `pad_crop`-pixel zero padding (u[:, 1], u[:, 2] pick the offsets)."""
+  images = np.asarray(images)
+  out = images.copy()
+  n, h, w = images.shape[:3]
+  if pad_crop:
+    padded = np.pad(images, ((0, 0), (pad_crop, pad_crop), (pad_crop, pad_crop), (0, 0)))
+    oy = np.minimum((u[:, 1] * (2 * pad_crop + 1)).astype(int), 2 * pad_crop)
+    ox = np.minimum((u[:, 2] * (2 * pad_crop + 1)).astype(int), 2 * pad_crop)
+    for k in range(n):
+      out[k] = padded[k, oy[k]:oy[k] + h, ox[k]:ox[k] + w]
+  flip = u[:, 0] < 0.5
+  out[flip] = out[flip, :, ::-1]
+  return out
+
+
+def _resize_shorter(img: np.ndarray, size: int):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  h, w = img.shape[:2]
+  scale = size / min(h, w)
+  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+  return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BILINEAR))
+
+
+def augment_imagenet(images, u: np.ndarray, crop: int = 224,
+                     resize_range: tuple[int, int] = (256, 480), color: float = 0.4,
+                     lighting: float = 0.1) -> np.ndarray:
+  """He et al. (2016) training augmentation: shorter side resized to a random size in
+  `resize_range`, a random `crop` x `crop` crop, a random flip, colour jitter
+  (brightness, contrast, saturation by up to +-`color`) and PCA lighting noise."""
+  out = np.empty((len(images), crop, crop, 3), np.uint8)
+  for k, img in enumerate(images):
+    img = np.asarray(img)
+    if img.ndim == 2 or img.shape[-1] == 1:
+      img = np.repeat(img.reshape(img.shape[:2] + (1,)), 3, axis=-1)
+    size = int(resize_range[0] + u[k, 0] * (resize_range[1] - resize_range[0] + 1))
+    img = _resize_shorter(img, min(max(size, crop), resize_range[1]))
+    h, w = img.shape[:2]
+    y = min(int(u[k, 1] * (h - crop + 1)), h - crop)
+    x = min(int(u[k, 2] * (w - crop + 1)), w - crop)
+    img = img[y:y + crop, x:x + crop].astype(np.float32) / 255.0
+    if u[k, 3] < 0.5:
+      img = img[:, ::-1]
+    if color:
+      b, c, s = (1.0 + color * (2.0 * u[k, 4:7] - 1.0)).astype(np.float32)
+      img = img * b
+      gray = img @ np.array([0.299, 0.587, 0.114], np.float32)
+      img = (img - gray.mean()) * c + gray.mean()
+      gray = (img @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
+      img = (img - gray) * s + gray
+    if lighting:
+      # A fixed-per-example Gaussian draw from the uniform via the inverse-CDF-free Box-Muller
+      # of u[k, 7] (one angle, so 2 of 3 coordinates are correlated; enough for jitter).
+      r = np.sqrt(-2.0 * np.log(max(1.0 - u[k, 7], 1e-7)))
+      alpha = lighting * r * np.array(
+          [np.cos(2 * np.pi * u[k, 4]), np.sin(2 * np.pi * u[k, 4]), np.cos(2 * np.pi * u[k, 5])],
+          np.float32)
+      img = img + _EIGVEC @ (alpha * _EIGVAL)
+    out[k] = np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
+  return out
+
+
+def center_crop_imagenet(images, crop: int = 224, resize: int = 256) -> np.ndarray:
+  """Evaluation: shorter side resized to `resize`, central `crop` x `crop`."""
+  out = np.empty((len(images), crop, crop, 3), np.uint8)
+  for k, img in enumerate(images):
+    img = np.asarray(img)
+    if img.ndim == 2 or img.shape[-1] == 1:
+      img = np.repeat(img.reshape(img.shape[:2] + (1,)), 3, axis=-1)
+    img = _resize_shorter(img, max(resize, crop))
+    h, w = img.shape[:2]
+    y, x = (h - crop) // 2, (w - crop) // 2
+    out[k] = img[y:y + crop, x:x + crop]
+  return out
+
+
+def make_augment(config, train: bool) -> Callable[[Any, np.ndarray], np.ndarray]:
+  """The augmentation of `config.augment`: 'none', 'flip', 'flip_crop' or 'imagenet'."""
+  kind = config.augment
+  if kind == 'imagenet':
+    if train:
+      return lambda x, u: augment_imagenet(
+          x, u, crop=config.image_size, resize_range=tuple(config.resize_range))
+    return lambda x, u: center_crop_imagenet(x, crop=config.image_size,
+                                             resize=config.eval_resize)
+  if kind not in ('none', 'flip', 'flip_crop'):
+    raise ValueError(f"augment must be 'none', 'flip', 'flip_crop' or 'imagenet', got {kind!r}.")
+
+  def as_array(x):
+    x = np.stack(x) if isinstance(x, list) else np.asarray(x)
+    if x.ndim == 3 or x.shape[-1] == 1:  # grayscale -> RGB
+      x = np.repeat(x.reshape(x.shape[:3] + (1,)), 3, axis=-1)
+    return x
+
+  if not train or kind == 'none':
+    return lambda x, u: as_array(x)
+  pad = 4 if kind == 'flip_crop' else 0
+  return lambda x, u: augment_flip(as_array(x), u, pad_crop=pad)
+
+
+# ---------------------------------------------------------------------------
+# Batching.
+
+
+class Loader:
+  """Per-process batches of a random-access source, in a deterministic order.
+
+  Args:
+    source: has `len()` and `get(indices) -> (images, labels)`.
+    global_batch: examples per step over all processes.
+    train: shuffle per epoch, drop the last partial batch, augment; else
+      sequential order and a padded, masked last batch.
+    augment: `(images, uniforms (b, NUM_UNIFORMS)) -> uint8 (b, h, w, 3)`.
+    seed: data-order and augmentation seed.
+    process_index, process_count: this process's part of each global batch.
+    num_workers: threads building batches; prefetch: batches built ahead.
+  """
+
+  def __init__(self, source, global_batch: int, train: bool, augment, seed: int = 0,
+               process_index: int = 0, process_count: int = 1, num_workers: int = 2,
+               prefetch: int = 2):
+    if global_batch % process_count:
+      raise ValueError(
+          f'global batch size {global_batch} is not divisible by the number of processes '
+          f'{process_count}.')
+    n = len(source)
+    if train and n < global_batch:
+      raise ValueError(f'the training set has {n} examples, fewer than one batch ({global_batch}).')
+    self.source, self.global_batch, self.train, self.augment = source, global_batch, train, augment
+    self.seed, self.process_index, self.process_count = seed, process_index, process_count
+    self.local_batch = global_batch // process_count
+    self.num_workers, self.prefetch = max(1, num_workers), max(1, prefetch)
+    self.steps_per_epoch = n // global_batch if train else -(-n // global_batch)
+
+  def order(self, epoch: int) -> np.ndarray:
+    n = len(self.source)
+    if not self.train:
+      return np.arange(n)
+    return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+  def _batch(self, order: np.ndarray, epoch: int, b: int) -> dict[str, np.ndarray]:
+    n = len(self.source)
+    pos = b * self.global_batch + self.process_index * self.local_batch + np.arange(
+        self.local_batch)
+    mask = (pos < n).astype(np.float32)
+    idx = order[np.minimum(pos, n - 1)]
+    # One draw per global batch, sliced: independent of the process count.
+    u = np.random.default_rng([self.seed, epoch, b, 1]).random(
+        (self.global_batch, NUM_UNIFORMS), dtype=np.float32)
+    u = u[self.process_index * self.local_batch:(self.process_index + 1) * self.local_batch]
+    # Sorted reads are friendlier to record files; the result is put back in batch order.
+    sort = np.argsort(idx, kind='stable')
+    images, labels = self.source.get(idx[sort])
+    inv = np.empty_like(sort)
+    inv[sort] = np.arange(len(sort))
+    images = [images[i] for i in inv] if isinstance(images, list) else np.asarray(images)[inv]
+    labels = np.asarray(labels, np.int32)[inv]
+    images = self.augment(images, u)
+    return {'image': np.ascontiguousarray(images, np.uint8), 'label': labels, 'mask': mask}
+
+  def epoch(self, epoch: int, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Yields this process's batches `start_step, ..., steps_per_epoch - 1` of `epoch`."""
+    order = self.order(epoch)
+    steps = range(start_step, self.steps_per_epoch)
+    with concurrent.futures.ThreadPoolExecutor(self.num_workers) as pool:
+      pending = []
+      it = iter(steps)
+      for b in it:
+        pending.append(pool.submit(self._batch, order, epoch, b))
+        if len(pending) > self.prefetch:
+          break
+      while pending:
+        yield pending.pop(0).result()
+        nxt = next(it, None)
+        if nxt is not None:
+          pending.append(pool.submit(self._batch, order, epoch, nxt))
