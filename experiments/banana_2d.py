@@ -1,0 +1,501 @@
+r"""2-D Banana classification (paper 002, Sec. 3.5, Fig. 3): SP, WN, BN and GmP compared.
+
+Protocol (design.md and the paper's reference notebook `2d_banana.ipynb`): 1000
+points drawn without replacement from `banana.csv`, split 80/20, features
+standardized with the training statistics; MLP with one hidden layer of 10
+ReLU units and a sigmoid output, binary cross-entropy; Adam, batch 128
+(reshuffled every epoch, the last batch of 32 kept as Keras does), up to 5000
+epochs; LR x0.1 when the held-out accuracy has not improved for 50 epochs,
+early stop after 100 (restoring the best weights); lr 0.1 for GmP, 0.01 for
+the others; float64. As in the reference notebook the held-out 20% is both the
+monitored validation set and the reported test set, so the accuracies are
+best-epoch held-out accuracies (optimistic for every method alike).
+
+The boundary location `phi_i` and direction `u_i` of every hidden unit are
+recorded after every optimizer step inside the jitted training scan
+(`geoparam.analysis`); BN is folded with its running statistics (the
+evaluation-mode function). Several initialization seeds train together under
+`jax.vmap`; figures show seed 0.
+
+  python -m experiments.banana_2d --data_dir=../shared/data --workdir=/tmp/banana
+
+Writes to `workdir`: `results.json` (test accuracy and max angle change per
+method, the paper's claims checked), `results.csv` (per seed), `results.md`,
+`trajectories.png` (Fig. 3 a-h: paths of the 10 boundary locations),
+`angle_change.png` (Fig. 3 i: max_i |delta theta_i| per step, degrees) and
+`decision_boundaries.png` (Fig. 3 j-m: predictions, test accuracy, final
+locations as red stars).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import models
+from geoparam import analysis
+from geoparam import schedules
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
+flags.DEFINE_string('data_dir', None,
+                    'Folder holding banana.csv (default: $GEOPARAM_DATA_DIR).')
+flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
+flags.DEFINE_integer('epochs', 5000, 'Maximum number of epochs (paper: 5000).')
+flags.DEFINE_integer('batch_size', 128, 'Minibatch size.')
+flags.DEFINE_integer('seed', 0, 'Seed of the data draw, the shuffling and the first initialization.')
+flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
+flags.DEFINE_bool('float64', True, 'Train in float64 as the reference code does.')
+flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
+flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
+flags.DEFINE_integer('plateau_patience', 50, 'Epochs without accuracy improvement before LR x0.1.')
+flags.DEFINE_integer('stop_patience', 100, 'Epochs without accuracy improvement before stopping.')
+flags.DEFINE_integer('num_points', 1000, 'Points drawn from banana.csv.')
+flags.DEFINE_integer('hidden', 10, 'Hidden units.')
+flags.DEFINE_bool('compare_rates', True,
+                  'Also train every method at the other rate (Fig. 3 a-h, i compare both).')
+flags.DEFINE_bool('gmp_glorot_scale', True,
+                  'Start GmP scales at the Glorot norm as the reference code (False: scale = 1).')
+
+BN_EPSILON = 1e-3  # experiments.models uses Keras' BatchNorm epsilon.
+
+
+def load_banana(data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """`(x (N, 2) float64, y (N,) in {0, 1})` from `banana.csv` (header At1,At2,Class; class +-1)."""
+  data_dir = data_dir or os.environ.get('GEOPARAM_DATA_DIR')
+  if not data_dir:
+    raise ValueError('no data directory: pass --data_dir (or data_dir=) or set GEOPARAM_DATA_DIR '
+                     'to the folder holding banana.csv.')
+  path = os.path.join(data_dir, 'banana.csv')
+  if not os.path.exists(path):
+    raise ValueError(f'{path} does not exist; --data_dir / GEOPARAM_DATA_DIR must hold banana.csv.')
+  table = np.loadtxt(path, delimiter=',', skiprows=1)
+  if table.ndim != 2 or table.shape[1] != 3:
+    raise ValueError(f'{path}: expected 3 columns At1,At2,Class, got shape {table.shape}.')
+  labels = table[:, 2]
+  if not np.all(np.isin(labels, (-1, 1))):
+    raise ValueError(f'{path}: classes must be -1 or 1, got {np.unique(labels)}.')
+  return table[:, :2], (labels > 0).astype(np.int64)
+
+
+def make_data(x_all, y_all, seed: int, num_points: int = 1000, dtype=np.float64):
+  """Draws `num_points`, splits 80/20 and standardizes with the training mean and std."""
+  if not 10 <= num_points <= x_all.shape[0]:
+    raise ValueError(f'num_points must be in [10, {x_all.shape[0]}], got {num_points}.')
+  rng = np.random.RandomState(seed)
+  idx = rng.choice(x_all.shape[0], size=num_points, replace=False)
+  x, y = x_all[idx], y_all[idx]
+  perm = rng.permutation(num_points)
+  n_test = num_points // 5
+  test, train = perm[:n_test], perm[n_test:]
+  mean, std = x[train].mean(0), x[train].std(0)
+  prep = lambda a: ((a - mean) / std).astype(dtype)
+  return dict(x_train=prep(x[train]), y_train=y[train].astype(dtype)[:, None],
+              x_test=prep(x[test]), y_test=y[test].astype(dtype)[:, None])
+
+
+def hidden_layer(method: str, variables) -> dict[str, Any]:
+  """The hidden layer in `geoparam.analysis` form (BN/MBN folded with running statistics)."""
+  return analysis.layer_variables(variables, method, 'hidden_0', bn_epsilon=BN_EPSILON)
+
+
+def _bce(logits, labels):
+  return optax.sigmoid_binary_cross_entropy(logits, labels)
+
+
+def train(method: str, data, keys, epochs: int, batch_size: int, lr: float,
+          plateau_patience: int, stop_patience: int, hidden: int, gmp_glorot_scale: bool,
+          dtype) -> dict[str, Any]:
+  """Trains one method for every key in `keys` (vmapped), one jitted scan over epochs.
+
+  Each epoch is a scan over the full batches plus one step on the remainder;
+  the boundary snapshot of the hidden layer is taken after every step.
+  """
+  model = models.MLP(hidden=(hidden,), out=1, method=method, gmp_glorot_scale=gmp_glorot_scale,
+                     param_dtype=dtype)
+  x, y = jnp.asarray(data['x_train']), jnp.asarray(data['y_train'])
+  x_test, y_test = jnp.asarray(data['x_test']), jnp.asarray(data['y_test'])
+  n = x.shape[0]
+  full, rest = divmod(n, batch_size)
+  if full < 1:
+    raise ValueError(f'batch_size={batch_size} exceeds the {n} training points.')
+  steps_per_epoch = full + (rest > 0)
+  opt = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+  plateau = schedules.reduce_on_plateau(factor=0.1, patience=plateau_patience, mode='max')
+  stopper = schedules.early_stopping(patience=stop_patience, mode='max')
+
+  def accuracy(variables, inputs, labels):
+    logits = model.apply(variables, inputs, train=False)
+    return jnp.mean(((logits > 0).astype(labels.dtype) == labels).astype(jnp.float32))
+
+  def sgd_step(state, batch):
+    params, others, opt_state = state
+    xb, yb = batch
+
+    def loss_fn(p):
+      logits, upd = model.apply({'params': p, **others}, xb, train=True, mutable=list(others))
+      return jnp.mean(_bce(logits, yb)), upd
+
+    (loss, upd), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    upd = jax.tree.map(lambda a, b: a.astype(b.dtype), upd, others)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    snap = analysis.snapshot(hidden_layer(method, {'params': params, **upd}), method)
+    return (params, upd, opt_state), (loss, snap)
+
+  def run(key):
+    init_key, shuffle_key = jax.random.split(key)
+    variables = model.init(init_key, x, train=False)
+    params = variables['params']
+    others = {k: v for k, v in variables.items() if k != 'params'}
+    first = analysis.snapshot(hidden_layer(method, variables), method)
+    carry = dict(params=params, others=others, opt=opt.init(params), plateau=plateau.init(lr),
+                 stop=stopper.init(), best=(params, others))
+
+    def epoch(carry, t):
+      perm = jax.random.permutation(jax.random.fold_in(shuffle_key, t), n)
+      xs, ys = x[perm], y[perm]
+      state = (carry['params'], carry['others'], carry['opt'])
+      state, (losses, snaps) = jax.lax.scan(
+          sgd_step, state, (xs[:full * batch_size].reshape(full, batch_size, -1),
+                            ys[:full * batch_size].reshape(full, batch_size, -1)))
+      if rest:
+        state, (loss_r, snap_r) = sgd_step(state, (xs[full * batch_size:], ys[full * batch_size:]))
+        losses = jnp.concatenate([losses, loss_r[None]])
+        snaps = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), snaps, snap_r)
+      params, others, opt_state = state
+      val_acc = accuracy({'params': params, **others}, x_test, y_test)
+      plateau_state = plateau.update(carry['plateau'], val_acc)
+      stop_state = stopper.update(carry['stop'], val_acc)
+      opt_state = schedules.set_learning_rate(opt_state, plateau_state.lr)
+      new = dict(params=params, others=others, opt=opt_state, plateau=plateau_state,
+                 stop=stop_state, best=schedules.keep_best(
+                     stop_state.improved, carry['best'], (params, others)))
+      active = ~carry['stop'].stop  # Keras: the epoch that triggers the stop still runs.
+      out = dict(loss=jnp.mean(losses), val_acc=val_acc, lr=carry['plateau'].lr, active=active,
+                 location=snaps.location, direction=snaps.direction)
+      return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), out
+
+    carry, trace = jax.lax.scan(epoch, carry, jnp.arange(epochs))
+    final = jax.tree.map(lambda b, c: jnp.where(carry['stop'].stop, b, c),
+                         carry['best'], (carry['params'], carry['others']))
+    final_vars = {'params': final[0], **final[1]}
+    # Per-step tracks: (epochs * steps_per_epoch + 1, hidden, 2), index 0 = initialization.
+    flat = lambda a, a0: jnp.concatenate([a0[None], a.reshape((-1,) + a.shape[2:])])
+    locations = flat(trace.pop('location'), first.location)
+    directions = flat(trace.pop('direction'), first.direction)
+    step_active = jnp.repeat(trace['active'], steps_per_epoch)
+    d_angle = jnp.where(step_active, analysis.max_angle_change(directions, degrees=True), jnp.nan)
+    d_phi = jnp.where(step_active, analysis.max_location_change(locations), jnp.nan)
+    return dict(test_acc=accuracy(final_vars, x_test, y_test),
+                train_acc=accuracy(final_vars, x, y), trace=trace,
+                epochs_run=jnp.sum(trace['active']), final_lr=carry['plateau'].lr,
+                locations=locations, max_dtheta_deg=d_angle, max_dphi=d_phi,
+                final_phi=analysis.boundary_location(hidden_layer(method, final_vars), method),
+                final_params=final[0], final_others=final[1])
+
+  t0 = time.perf_counter()
+  out = jax.jit(jax.vmap(run))(keys)
+  out = jax.tree.map(np.asarray, out)
+  out['seconds'] = time.perf_counter() - t0
+  out['steps_per_epoch'] = steps_per_epoch
+  out['model'] = model
+  return out
+
+
+def learning_rate(method: str, lr_gmp: float, lr_others: float) -> float:
+  return lr_gmp if method.startswith('gmp') else lr_others
+
+
+def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]:
+  """The paper's Banana claims (Sec. 3.5), stated against what was measured (all seeds).
+
+  `results`: method -> run at its protocol rate; `at_large_rate`: method -> run
+  at the 10x rate (Fig. 3 i compares the angle changes there).
+  """
+  out = {}
+  runs = at_large_rate or results
+  where = f' at lr {large_rate:g}' if at_large_rate else ' at the protocol rates'
+  peaks = {m: float(np.nanmax(r['max_dtheta_deg'])) for m, r in runs.items()}
+  for m, peak in peaks.items():
+    if m.startswith('gmp'):
+      out[f'{m}: max_i |dtheta| stays small{where}'] = f'max over steps and seeds {peak:.2f} deg'
+    else:
+      out[f'{m}: max_i |dtheta| jumps up to 180 deg at some step{where}'] = (
+          f'{"holds" if peak > 90 else "does not hold"} (max {peak:.1f} deg)')
+  others = [p for m, p in peaks.items() if not m.startswith('gmp')]
+  gmp_peaks = [p for m, p in peaks.items() if m.startswith('gmp')]
+  if others and gmp_peaks:
+    out[f'GmP max angle change below every other method{where}'] = (
+        f'{"holds" if max(gmp_peaks) < min(others) else "does not hold"} '
+        f'(GmP {max(gmp_peaks):.2f} deg vs others min {min(others):.2f} deg)')
+  acc = {m: float(np.mean(r['test_acc'])) for m, r in results.items()}
+  best = max(acc, key=acc.get)
+  out['GmP has the highest test accuracy (protocol rates)'] = (
+      f'{"holds" if best.startswith("gmp") else "does not hold"} (highest mean: {best} '
+      f'{acc[best]:.4f}; ' + ', '.join(f'{m} {a:.4f}' for m, a in acc.items()) + ')')
+  return out
+
+
+def summarize(runs, protocol) -> str:
+  """Markdown table: test accuracy (mean +- s.e.) and max changes per method and rate.
+
+  `runs`: lr -> method -> run; `protocol`: method -> the run at its protocol
+  rate (its rows are marked *, the best accuracy among them in bold).
+  """
+  lines = ['| method | lr | test accuracy (mean +- s.e.) | per seed | epochs run | '
+           'max_t max_i abs(dtheta) (deg) | max_t max_i abs(dphi) |',
+           '| --- | --- | --- | --- | --- | --- | --- |']
+  best = max(protocol, key=lambda m: np.mean(protocol[m]['test_acc']))
+  for m in protocol:
+    for lr in sorted(runs):
+      if m not in runs[lr]:
+        continue
+      r = runs[lr][m]
+      acc = r['test_acc']
+      se = np.std(acc, ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else float('nan')
+      cell = f'{np.mean(acc):.4f} +- {se:.4f}'
+      if r is protocol[m] and m == best:
+        cell = f'**{cell}**'
+      star = '*' if r is protocol[m] else ''
+      lines.append(f'| {m}{star} | {lr:g} | {cell} | {", ".join(f"{a:.3f}" for a in acc)} | '
+                   f'{", ".join(str(int(e)) for e in r["epochs_run"])} | '
+                   f'{np.nanmax(r["max_dtheta_deg"]):.2f} | {np.nanmax(r["max_dphi"]):.3g} |')
+  lines.append('')
+  lines.append('`*`: the protocol rate of the method (lr 0.1 GmP, 0.01 others by default).')
+  return '\n'.join(lines)
+
+
+def _predict_grid(r, grid):
+  variables = {'params': jax.tree.map(lambda a: a[0], r['final_params']),
+               **jax.tree.map(lambda a: a[0], r['final_others'])}
+  logits = r['model'].apply(variables, jnp.asarray(grid), train=False)
+  return np.asarray(jax.nn.sigmoid(logits))[:, 0]
+
+
+def plot(runs, protocol, data, workdir):
+  """trajectories.png (Fig. 3 a-h), angle_change.png (i), decision_boundaries.png (j-m); seed 0.
+
+  `runs`: lr -> method -> run (one row of trajectories per rate, the angle
+  changes at every rate); `protocol`: method -> run at its protocol rate.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  methods = list(protocol)
+  rates = sorted(runs)
+  x_all = np.concatenate([data['x_train'], data['x_test']])
+  y_all = np.concatenate([data['y_train'], data['y_test']])[:, 0]
+  lim = float(np.max(np.abs(x_all))) + 0.5
+  colors = plt.cm.tab10(np.arange(10) % 10)
+
+  fig, axes = plt.subplots(len(rates), len(methods), figsize=(3.6 * len(methods),
+                                                              3.9 * len(rates)), squeeze=False)
+  for row, lr in enumerate(rates):
+    for ax, m in zip(axes[row], methods):
+      r = runs[lr].get(m)
+      if r is None:
+        ax.axis('off')
+        continue
+      steps = int(r['epochs_run'][0]) * r['steps_per_epoch'] + 1
+      path = r['locations'][0, :steps]  # (steps, hidden, 2)
+      for c, label in ((0, 'tab:blue'), (1, 'tab:orange')):
+        pts = x_all[y_all == c]
+        ax.scatter(pts[:, 0], pts[:, 1], s=4, c=label, alpha=0.2, lw=0)
+      outside = 0
+      for i in range(path.shape[1]):
+        c = colors[i % 10]
+        ax.plot(path[:, i, 0], path[:, i, 1], '-', color=c, lw=0.8, alpha=0.9)
+        ax.plot(path[0, i, 0], path[0, i, 1], 'o', color=c, ms=4)
+        ax.plot(path[-1, i, 0], path[-1, i, 1], '*', color=c, ms=11, mec='k', mew=0.5)
+        outside += int(np.any(np.abs(path[:, i]) > lim))
+      ax.set_xlim(-lim, lim)
+      ax.set_ylim(-lim, lim)
+      ax.set_aspect('equal')
+      note = f', {outside} leave the frame' if outside else ''
+      ax.set_title(f'{m.upper()}, lr {lr:g}: {steps - 1} steps{note}', fontsize=9)
+      ax.tick_params(labelsize=7)
+  fig.suptitle(r'Trajectories of the boundary locations $\phi_i$ during training '
+               '(o start, * end; seed 0)', fontsize=10)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'trajectories.png'), dpi=110)
+  plt.close(fig)
+
+  fig, axes = plt.subplots(1, len(rates), figsize=(5.6 * len(rates), 3.6), squeeze=False,
+                           sharey=True)
+  for ax, lr in zip(axes[0], rates[::-1]):
+    for k, m in enumerate(methods):
+      if m not in runs[lr]:
+        continue
+      d = runs[lr][m]['max_dtheta_deg'][0]
+      d = d[np.isfinite(d)]
+      ax.plot(np.arange(1, d.size + 1), np.maximum(d, 1e-6), lw=0.6, color=f'C{k}',
+              label=f'{m.upper()} (max {d.max():.1f})')
+    ax.axhline(180, color='k', lw=0.8, ls=':')
+    ax.set_yscale('log')
+    ax.set_ylim(1e-4, 400)
+    ax.set_xlabel('optimizer step')
+    ax.set_title(f'lr {lr:g} for every method', fontsize=10)
+    ax.legend(fontsize=7, loc='lower right')
+  axes[0][0].set_ylabel(r'$\max_i |\Delta\theta_i|$ (degrees)')
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'angle_change.png'), dpi=120)
+  plt.close(fig)
+
+  g = np.linspace(-lim, lim, 200)
+  gx, gy = np.meshgrid(g, g)
+  grid = np.stack([gx.ravel(), gy.ravel()], 1).astype(data['x_train'].dtype)
+  fig, axes = plt.subplots(1, len(methods), figsize=(3.9 * len(methods), 4.1), squeeze=False)
+  for ax, m in zip(axes[0], methods):
+    r = protocol[m]
+    prob = _predict_grid(r, grid).reshape(gx.shape)
+    ax.contourf(gx, gy, prob, levels=np.linspace(0, 1, 11), cmap='RdBu_r', alpha=0.35)
+    ax.contour(gx, gy, prob, levels=[0.5], colors='k', linewidths=2.5)
+    xt, yt = data['x_test'], data['y_test'][:, 0]
+    ax.scatter(xt[yt == 0, 0], xt[yt == 0, 1], s=9, c='tab:blue', edgecolors='none')
+    ax.scatter(xt[yt == 1, 0], xt[yt == 1, 1], s=9, c='tab:red', edgecolors='none')
+    phi = r['final_phi'][0]
+    ax.plot(phi[:, 0], phi[:, 1], '*', color='red', ms=13, mec='k', mew=0.7)
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_aspect('equal')
+    ax.set_title(f'{m.upper()} (lr {r["lr"]:g}): test accuracy {r["test_acc"][0]:.3f}',
+                 fontsize=10)
+    ax.set_xlabel('$x_1$')
+  axes[0][0].set_ylabel('$x_2$')
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'decision_boundaries.png'), dpi=120)
+  plt.close(fig)
+
+
+def run_study(workdir: str, methods, data_dir: str | None = None, epochs: int = 5000,
+              batch_size: int = 128, seed: int = 0, num_seeds: int = 5, float64: bool = True,
+              lr_gmp: float = 0.1, lr_others: float = 0.01, plateau_patience: int = 50,
+              stop_patience: int = 100, num_points: int = 1000, hidden: int = 10,
+              gmp_glorot_scale: bool = True, compare_rates: bool = True,
+              make_plots: bool = True) -> dict[str, Any]:
+  """Runs the study and writes its files; callable from notebooks and tests.
+
+  Every method trains at its protocol rate (`lr_gmp` for GmP, `lr_others`
+  otherwise: accuracy, Fig. 3 j-m); with `compare_rates` also at the other one,
+  so that trajectories (a-h) and angle changes (i) compare all methods at both.
+  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
+  """
+  methods = models.check_methods(methods)
+  if min(epochs, batch_size, num_seeds, hidden) < 1:
+    raise ValueError(f'epochs, batch_size, num_seeds and hidden must be >= 1, got {epochs}, '
+                     f'{batch_size}, {num_seeds}, {hidden}.')
+  x_all, y_all = load_banana(data_dir)
+  rates = sorted({lr_gmp, lr_others}) if compare_rates else []
+  with jax.enable_x64(float64):
+    dtype = np.float64 if float64 else np.float32
+    os.makedirs(workdir, exist_ok=True)
+    data = make_data(x_all, y_all, seed, num_points, dtype)
+    keys = jax.random.split(jax.random.key(seed), num_seeds)
+    runs: dict[float, dict[str, Any]] = {}
+    t_start = time.perf_counter()
+    for m in methods:
+      for lr in rates or [learning_rate(m, lr_gmp, lr_others)]:
+        logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, num_seeds, epochs)
+        r = train(m, data, keys, epochs, batch_size, lr, plateau_patience, stop_patience,
+                  hidden, gmp_glorot_scale, dtype)
+        r['lr'] = lr
+        runs.setdefault(lr, {})[m] = r
+        print(f'[banana_2d] {m} lr {lr:g}: test accuracy {np.mean(r["test_acc"]):.4f}, max angle '
+              f'change {np.nanmax(r["max_dtheta_deg"]):.2f} deg ({r["seconds"]:.1f} s incl. '
+              'compile)', flush=True)
+    protocol = {m: runs[learning_rate(m, lr_gmp, lr_others)][m] for m in methods}
+    large = runs.get(max(lr_gmp, lr_others)) if compare_rates else None
+    table = summarize(runs, protocol)
+    per_rate = lambda fn: {f'{lr:g}': {m: fn(r) for m, r in by_m.items()}
+                           for lr, by_m in runs.items()}
+    summary = {
+        'test_accuracy': {m: float(np.mean(r['test_acc'])) for m, r in protocol.items()},
+        'test_accuracy_se': {m: float(np.std(r['test_acc'], ddof=1) / np.sqrt(num_seeds))
+                             if num_seeds > 1 else None for m, r in protocol.items()},
+        'per_seed': {m: r['test_acc'].tolist() for m, r in protocol.items()},
+        'train_accuracy': {m: float(np.mean(r['train_acc'])) for m, r in protocol.items()},
+        'epochs_run': {m: r['epochs_run'].tolist() for m, r in protocol.items()},
+        'max_angle_change_deg': {m: float(np.nanmax(r['max_dtheta_deg']))
+                                 for m, r in protocol.items()},
+        'max_location_change': {m: float(np.nanmax(r['max_dphi'])) for m, r in protocol.items()},
+        'final_locations_seed0': {m: r['final_phi'][0].tolist() for m, r in protocol.items()},
+        'by_learning_rate': {
+            'test_accuracy': per_rate(lambda r: float(np.mean(r['test_acc']))),
+            'max_angle_change_deg': per_rate(lambda r: float(np.nanmax(r['max_dtheta_deg']))),
+            'max_angle_change_deg_per_seed': per_rate(
+                lambda r: np.nanmax(r['max_dtheta_deg'], axis=1).tolist()),
+            'steps_with_angle_change_over_90_deg': per_rate(
+                lambda r: int(np.nansum(r['max_dtheta_deg'] > 90))),
+            'median_angle_change_deg': per_rate(lambda r: float(np.nanmedian(r['max_dtheta_deg']))),
+            'max_location_change': per_rate(lambda r: float(np.nanmax(r['max_dphi']))),
+            'epochs_run': per_rate(lambda r: r['epochs_run'].tolist()),
+        },
+        'claims': check_claims(protocol, large, max(lr_gmp, lr_others)),
+        'config': dict(methods=list(methods), epochs=epochs, batch_size=batch_size, seed=seed,
+                       num_seeds=num_seeds, float64=float64, lr_gmp=lr_gmp, lr_others=lr_others,
+                       plateau_patience=plateau_patience, stop_patience=stop_patience,
+                       num_points=num_points, hidden=hidden, gmp_glorot_scale=gmp_glorot_scale,
+                       compare_rates=compare_rates,
+                       validation='held-out 20% (also the test set, as in the reference code)'),
+        'wall_seconds': time.perf_counter() - t_start,
+    }
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump(summary, f, indent=2)
+    with open(os.path.join(workdir, 'results.csv'), 'w', newline='') as f:
+      writer = csv.writer(f)
+      writer.writerow(['method', 'lr', 'protocol_rate', 'seed_index', 'test_accuracy',
+                       'train_accuracy', 'epochs_run', 'max_angle_change_deg',
+                       'max_location_change'])
+      for lr, by_m in sorted(runs.items()):
+        for m, r in by_m.items():
+          for i in range(num_seeds):
+            writer.writerow([m, lr, r is protocol[m], i, float(r['test_acc'][i]),
+                             float(r['train_acc'][i]), int(r['epochs_run'][i]),
+                             float(np.nanmax(r['max_dtheta_deg'][i])),
+                             float(np.nanmax(r['max_dphi'][i]))])
+    with open(os.path.join(workdir, 'results.md'), 'w') as f:
+      f.write(table + '\n')
+    if make_plots:
+      plot(runs, protocol, data, workdir)
+  print(table)
+  for claim, verdict in summary['claims'].items():
+    print(f'[banana_2d] paper claim: {claim}: {verdict}')
+  figures = ', trajectories.png, angle_change.png, decision_boundaries.png' if make_plots else ''
+  print(f'[banana_2d] wrote results.json, results.csv, results.md{figures} to {workdir} '
+        f'in {summary["wall_seconds"]:.1f} s')
+  return {'summary': summary, 'runs': runs, 'results': protocol, 'data': data}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS.workdir:
+    raise app.UsageError('--workdir is required (a directory for results and figures).')
+  try:
+    models.check_methods(FLAGS.methods)
+    load_banana(FLAGS.data_dir)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  run_study(FLAGS.workdir, FLAGS.methods, data_dir=FLAGS.data_dir, epochs=FLAGS.epochs,
+            batch_size=FLAGS.batch_size, seed=FLAGS.seed, num_seeds=FLAGS.num_seeds,
+            float64=FLAGS.float64, lr_gmp=FLAGS.lr_gmp, lr_others=FLAGS.lr_others,
+            plateau_patience=FLAGS.plateau_patience, stop_patience=FLAGS.stop_patience,
+            num_points=FLAGS.num_points, hidden=FLAGS.hidden,
+            gmp_glorot_scale=FLAGS.gmp_glorot_scale, compare_rates=FLAGS.compare_rates)
+
+
+if __name__ == '__main__':
+  app.run(main)
