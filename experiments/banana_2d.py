@@ -48,25 +48,31 @@ from geoparam import analysis
 from geoparam import schedules
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
-flags.DEFINE_string('data_dir', None,
-                    'Folder holding banana.csv (default: $GEOPARAM_DATA_DIR).')
-flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
-flags.DEFINE_integer('epochs', 5000, 'Maximum number of epochs (paper: 5000).')
-flags.DEFINE_integer('batch_size', 128, 'Minibatch size.')
-flags.DEFINE_integer('seed', 0, 'Seed of the data draw, the shuffling and the first initialization.')
-flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
-flags.DEFINE_bool('float64', True, 'Train in float64 as the reference code does.')
-flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
-flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
-flags.DEFINE_integer('plateau_patience', 50, 'Epochs without accuracy improvement before LR x0.1.')
-flags.DEFINE_integer('stop_patience', 100, 'Epochs without accuracy improvement before stopping.')
-flags.DEFINE_integer('num_points', 1000, 'Points drawn from banana.csv.')
-flags.DEFINE_integer('hidden', 10, 'Hidden units.')
-flags.DEFINE_bool('compare_rates', True,
-                  'Also train every method at the other rate (Fig. 3 a-h, i compare both).')
-flags.DEFINE_bool('gmp_glorot_scale', True,
-                  'Start GmP scales at the Glorot norm as the reference code (False: scale = 1).')
+
+
+def define_flags():
+  """Defines the CLI flags; called only when run as a script, so that importing several
+  studies in one process (tests, notebooks) does not define a flag twice."""
+  flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
+  flags.DEFINE_string('data_dir', None,
+                      'Folder holding banana.csv (default: $GEOPARAM_DATA_DIR).')
+  flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
+  flags.DEFINE_integer('epochs', 5000, 'Maximum number of epochs (paper: 5000).')
+  flags.DEFINE_integer('batch_size', 128, 'Minibatch size.')
+  flags.DEFINE_integer('seed', 0, 'Seed of the data draw, the shuffling and the first initialization.')
+  flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
+  flags.DEFINE_bool('float64', True, 'Train in float64 as the reference code does.')
+  flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
+  flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
+  flags.DEFINE_integer('plateau_patience', 50, 'Epochs without accuracy improvement before LR x0.1.')
+  flags.DEFINE_integer('stop_patience', 100, 'Epochs without accuracy improvement before stopping.')
+  flags.DEFINE_integer('num_points', 1000, 'Points drawn from banana.csv.')
+  flags.DEFINE_integer('hidden', 10, 'Hidden units.')
+  flags.DEFINE_bool('compare_rates', True,
+                    'Also train every method at the other rate (Fig. 3 a-h, i compare both).')
+  flags.DEFINE_bool('gmp_glorot_scale', True,
+                    'Start GmP scales at the Glorot norm as the reference code (False: scale = 1).')
+
 
 BN_EPSILON = 1e-3  # experiments.models uses Keras' BatchNorm epsilon.
 
@@ -397,6 +403,9 @@ def run_study(workdir: str, methods, data_dir: str | None = None, epochs: int = 
   if min(epochs, batch_size, num_seeds, hidden) < 1:
     raise ValueError(f'epochs, batch_size, num_seeds and hidden must be >= 1, got {epochs}, '
                      f'{batch_size}, {num_seeds}, {hidden}.')
+  if batch_size > num_points - num_points // 5:
+    raise ValueError(f'batch_size={batch_size} exceeds the {num_points - num_points // 5} '
+                     f'training points of num_points={num_points}.')
   x_all, y_all = load_banana(data_dir)
   rates = sorted({lr_gmp, lr_others}) if compare_rates else []
   with jax.enable_x64(float64):
@@ -487,8 +496,12 @@ def main(argv):
   try:
     models.check_methods(FLAGS.methods)
     load_banana(FLAGS.data_dir)
+    _run_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+
+
+def _run_from_flags():
   run_study(FLAGS.workdir, FLAGS.methods, data_dir=FLAGS.data_dir, epochs=FLAGS.epochs,
             batch_size=FLAGS.batch_size, seed=FLAGS.seed, num_seeds=FLAGS.num_seeds,
             float64=FLAGS.float64, lr_gmp=FLAGS.lr_gmp, lr_others=FLAGS.lr_others,
@@ -498,4 +511,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

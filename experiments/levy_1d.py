@@ -41,20 +41,26 @@ from geoparam import analysis
 from geoparam import schedules
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
-flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
-flags.DEFINE_integer('epochs', 10000, 'Maximum number of full-batch epochs (paper: 10000).')
-flags.DEFINE_integer('seed', 0, 'Seed of the data draw and of the first initialization.')
-flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
-flags.DEFINE_bool('float64', True, 'Train in float64 as the paper does.')
-flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
-flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
-flags.DEFINE_integer('plateau_patience', 500, 'Epochs without train-loss improvement before LR x0.1.')
-flags.DEFINE_integer('stop_patience', 1000, 'Epochs without train-loss improvement before stopping.')
-flags.DEFINE_bool('gmp_glorot_scale', True,
-                  'Start GmP scales at the Glorot norm as the reference code that made Fig. 2 '
-                  '(False: scale = 1 as the paper text says).')
-flags.DEFINE_integer('hidden', 100, 'Hidden units.')
+
+
+def define_flags():
+  """Defines the CLI flags; called only when run as a script, so that importing several
+  studies in one process (tests, notebooks) does not define a flag twice."""
+  flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
+  flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
+  flags.DEFINE_integer('epochs', 10000, 'Maximum number of full-batch epochs (paper: 10000).')
+  flags.DEFINE_integer('seed', 0, 'Seed of the data draw and of the first initialization.')
+  flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
+  flags.DEFINE_bool('float64', True, 'Train in float64 as the paper does.')
+  flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
+  flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
+  flags.DEFINE_integer('plateau_patience', 500, 'Epochs without train-loss improvement before LR x0.1.')
+  flags.DEFINE_integer('stop_patience', 1000, 'Epochs without train-loss improvement before stopping.')
+  flags.DEFINE_bool('gmp_glorot_scale', True,
+                    'Start GmP scales at the Glorot norm as the reference code that made Fig. 2 '
+                    '(False: scale = 1 as the paper text says).')
+  flags.DEFINE_integer('hidden', 100, 'Hidden units.')
+
 
 NUM_POINTS = 50
 NOISE = 0.1
@@ -406,4 +412,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

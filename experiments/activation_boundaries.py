@@ -1,0 +1,163 @@
+r"""Characteristic activation boundaries of one ReLU unit (paper 002, appendix A, Fig. 5-6).
+
+A GmP unit `z = relu(u(theta)^T x + lam)`: in R (Fig. 5, `u = cos(theta)` with
+theta in {0, pi}) the boundary is the point `phi = -lam u`; in R^2 (Fig. 6,
+`u = (cos theta, sin theta)`) it is the line `u^T x + lam = 0` with `phi` its
+point nearest the origin. The panels show `z`, the boundary, `phi`, and the
+active (green) and inactive (red) sides for chosen `(lam, theta)`. Every `phi`
+is `geoparam.analysis.boundary_location` of the unit's GmP parameters and is
+checked to zero the pre-activation.
+
+  python -m experiments.activation_boundaries --workdir=/tmp/boundaries
+
+Writes to `workdir`: `results.json` (lam, theta, phi per panel),
+`boundaries_1d.png` (Fig. 5) and `boundaries_2d.png` (Fig. 6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from geoparam import analysis
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defines the CLI flags; called only when run as a script, so that importing several
+  studies in one process (tests, notebooks) does not define a flag twice."""
+  flags.DEFINE_string('workdir', None, 'Directory for results.json and PNGs.')
+
+
+# (lam, theta) of the panels.
+CASES_1D = ((1.0, 0.0), (-1.0, 0.0), (1.0, np.pi), (-1.0, np.pi))
+CASES_2D = ((1.0, np.pi / 4), (-1.0, np.pi / 4), (1.0, 3 * np.pi / 4), (0.5, 4 * np.pi / 3))
+
+
+def unit_params(lam: float, theta: float, fan_in: int) -> dict[str, jax.Array]:
+  """GmP parameters of one unit: R^1 uses the sign `cos(theta)` (theta in {0, pi}), R^2 the angle."""
+  if fan_in == 1:
+    if not np.isclose(abs(np.cos(theta)), 1.0):
+      raise ValueError(f'in R^1 theta must be 0 or pi (a sign), got {theta}.')
+    sign = np.sign(np.cos(theta))
+    return {'theta': jnp.zeros((0, 1)), 'lam': jnp.array([lam]), 'scale': jnp.ones(1),
+            'sign': jnp.array([sign])}
+  if fan_in == 2:
+    return {'theta': jnp.array([[theta]]), 'lam': jnp.array([lam]), 'scale': jnp.ones(1)}
+  raise ValueError(f'fan_in must be 1 or 2, got {fan_in}.')
+
+
+def describe(lam: float, theta: float, fan_in: int) -> dict[str, Any]:
+  """`phi`, `u` and the pre-activation at `phi` (0 up to rounding) of one unit."""
+  with jax.enable_x64(True):
+    params = unit_params(lam, theta, fan_in)
+    phi = np.asarray(analysis.boundary_location(params, 'gmp'))[0]
+    u = np.asarray(analysis.boundary_direction(params, 'gmp'))[0]
+  return dict(lam=lam, theta=float(theta), phi=phi.tolist(), u=u.tolist(),
+              preactivation_at_phi=float(u @ phi + lam))
+
+
+def plot_1d(rows, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.4), squeeze=False)
+  x = np.linspace(-3, 3, 601)
+  for ax, r in zip(axes[0], rows):
+    u, lam, phi = r['u'][0], r['lam'], r['phi'][0]
+    ax.plot(x, np.maximum(u * x + lam, 0), color='tab:blue', lw=2, label='z = relu(u x + lam)')
+    ax.axhline(0, color='k', lw=0.6)
+    ax.axvline(phi, color='saddlebrown', lw=2.5, label=r'boundary $\mathcal{B}$')
+    ax.annotate('', xy=(phi, 0.15), xytext=(0, 0.15),
+                arrowprops=dict(arrowstyle='->', color='saddlebrown', lw=1.5, ls=':'))
+    ax.plot(phi, 0, 'o', color='saddlebrown', ms=6)
+    ax.annotate('', xy=(phi + 1.2 * u, -0.35), xytext=(phi, -0.35),
+                arrowprops=dict(arrowstyle='->', color='green', lw=2))
+    ax.annotate('', xy=(phi - 1.2 * u, -0.35), xytext=(phi, -0.35),
+                arrowprops=dict(arrowstyle='->', color='red', lw=2))
+    ax.set_xlim(-3, 3)
+    ax.set_ylim(-0.7, 3.5)
+    ax.set_title(rf'$\lambda$ = {lam:g}, $\theta$ = {r["theta"] / np.pi:g}$\pi$, '
+                 rf'$\phi$ = {phi:g}', fontsize=10)
+    ax.set_xlabel('x')
+  axes[0][0].legend(fontsize=7, loc='upper left')
+  fig.suptitle('ReLU unit in R: active side (green) and inactive side (red) of the point '
+               r'$\phi = -\lambda u(\theta)$', fontsize=10)
+  fig.tight_layout(rect=(0, 0, 1, 0.94))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_2d(rows, path):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, len(rows), figsize=(3.8 * len(rows), 4.4), squeeze=False)
+  g = np.linspace(-2.5, 2.5, 201)
+  gx, gy = np.meshgrid(g, g)
+  for ax, r in zip(axes[0], rows):
+    u, lam, phi = np.asarray(r['u']), r['lam'], np.asarray(r['phi'])
+    z = np.maximum(u[0] * gx + u[1] * gy + lam, 0)
+    ax.contourf(gx, gy, z, levels=12, cmap='Blues', alpha=0.6)
+    ax.axline(phi, phi + np.array([-u[1], u[0]]), color='saddlebrown', lw=2.5)
+    ax.plot([0, phi[0]], [0, phi[1]], color='saddlebrown', ls=':', lw=2)
+    ax.plot(*phi, 'o', color='saddlebrown', ms=6)
+    ax.plot(0, 0, 'ko', ms=4)
+    ax.annotate('', xy=phi + 0.9 * u, xytext=phi, arrowprops=dict(arrowstyle='->', color='green',
+                                                                  lw=2))
+    ax.annotate('', xy=phi - 0.9 * u, xytext=phi, arrowprops=dict(arrowstyle='->', color='red',
+                                                                  lw=2))
+    ax.set_xlim(-2.5, 2.5)
+    ax.set_ylim(-2.5, 2.5)
+    ax.set_aspect('equal')
+    ax.set_title(rf'$\lambda$ = {lam:g}, $\theta$ = {r["theta"] / np.pi:.3g}$\pi$', fontsize=10)
+    ax.set_xlabel('$x_1$')
+  axes[0][0].set_ylabel('$x_2$')
+  fig.suptitle(r'ReLU unit in R$^2$: $z$ (blue), boundary $\mathcal{B}$ and '
+               r'$\phi = -\lambda u(\theta)$ (brown), active (green) / inactive (red)', fontsize=10)
+  fig.tight_layout(rect=(0, 0, 1, 0.94))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def run_study(workdir: str, cases_1d=CASES_1D, cases_2d=CASES_2D,
+              make_plots: bool = True) -> dict[str, Any]:
+  """Computes `phi` for each panel, writes results.json and the two figures."""
+  os.makedirs(workdir, exist_ok=True)
+  rows_1d = [describe(lam, theta, 1) for lam, theta in cases_1d]
+  rows_2d = [describe(lam, theta, 2) for lam, theta in cases_2d]
+  worst = max(abs(r['preactivation_at_phi']) for r in rows_1d + rows_2d)
+  summary = {'r1': rows_1d, 'r2': rows_2d, 'max_abs_preactivation_at_phi': worst}
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  if make_plots:
+    plot_1d(rows_1d, os.path.join(workdir, 'boundaries_1d.png'))
+    plot_2d(rows_2d, os.path.join(workdir, 'boundaries_2d.png'))
+  for r in rows_1d + rows_2d:
+    print(f'[activation_boundaries] lam {r["lam"]:g}, theta {r["theta"]:.4f}: phi {r["phi"]}')
+  print(f'[activation_boundaries] max |u^T phi + lam| = {worst:.2e}; wrote results.json'
+        f'{", boundaries_1d.png, boundaries_2d.png" if make_plots else ""} to {workdir}')
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS.workdir:
+    raise app.UsageError('--workdir is required (a directory for results and figures).')
+  run_study(FLAGS.workdir)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

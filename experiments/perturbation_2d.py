@@ -1,0 +1,223 @@
+r"""Perturbation of one ReLU unit in R^2 (paper 002, Sec. 3.4-3.5, Fig. 1 b-e).
+
+A unit `relu(w^T x + b)` with small weights (`w, b ~ N(0, 1e-3^2)`, drawn as in
+the reference notebook `2d_perturbation.ipynb`, whose seed 1 is the default)
+is written in three parameterizations of the SAME function: SP `(w, b)`, WN
+`(v = w, g = |w|, b)` and GmP `(theta, lam, r)` (`geoparam.convert`). Every
+parameter is then perturbed by `eps * 1` in its own coordinates
+(`geoparam.analysis.perturb`), for eps in {1e-4, 1e-3, 1e-2, 1e-1}, and the
+characteristic boundary before and after is compared: the angle between the
+normals and the distance between the locations `phi`.
+
+Theorem 3: under GmP the angle changes by at most `|eps * 1|_2` (in R^2
+exactly `eps` radians); under SP and WN it is eq. (12)-(14), unbounded when
+`|w|` is small. Besides the drawn unit, `--num_draws` units are drawn the same
+way and the median and maximum changes over them are reported.
+
+  python -m experiments.perturbation_2d --workdir=/tmp/perturbation
+
+Writes to `workdir`: `results.json` (angle and location changes per method and
+eps, for the drawn unit and over the draws; the claims checked), `results.md`
+and `perturbation.png` (Fig. 1 b-e: boundaries before and after per eps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from geoparam import analysis
+from geoparam import convert
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defines the CLI flags; called only when run as a script, so that importing several
+  studies in one process (tests, notebooks) does not define a flag twice."""
+  flags.DEFINE_string('workdir', None, 'Directory for results.json and perturbation.png.')
+  flags.DEFINE_list('eps', ['1e-4', '1e-3', '1e-2', '1e-1'], 'Perturbation sizes.')
+  flags.DEFINE_float('weight_scale', 1e-3, 'Standard deviation of the unit weights and bias.')
+  flags.DEFINE_integer('seed', 1, 'Seed of the drawn unit (1: the reference notebook\'s unit).')
+  flags.DEFINE_integer('num_draws', 1000, 'Further units drawn for the median/max statistics.')
+
+
+METHODS = ('sp', 'wn', 'gmp')
+
+
+def draw_units(seed: int, num: int, scale: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
+  """`num` units `(w (num, 2), b (num,))`; unit 0 is `np.random.seed(seed); randn(2), randn(1)`."""
+  rng = np.random.RandomState(seed)
+  ws, bs = [], []
+  for _ in range(num):
+    ws.append(rng.randn(2) * scale)
+    bs.append(rng.randn(1)[0] * scale)
+  return np.stack(ws), np.asarray(bs)
+
+
+def layers(w: np.ndarray, b: np.ndarray) -> dict[str, dict[str, Any]]:
+  """The same units (`w (m, 2)`, `b (m,)`) as SP, WN and GmP layer dicts (`geoparam.analysis` form)."""
+  kernel = jnp.asarray(w.T)  # (fan_in = 2, features = m)
+  bias = jnp.asarray(b)
+  return {
+      'sp': {'kernel': kernel, 'bias': bias},
+      'wn': {'kernel': kernel, 'scale': jnp.linalg.norm(kernel, axis=0), 'bias': bias},
+      'gmp': convert.dense_to_gmp(kernel, bias),
+  }
+
+
+def perturbation_changes(w: np.ndarray, b: np.ndarray, eps_values) -> dict[str, Any]:
+  """Boundary changes of units `(w (m, 2), b (m,))` under `eps * 1` for SP, WN and GmP.
+
+  Returns a dict method -> eps -> {'angle_deg': (m,), 'location_change': (m,),
+  'phi_before': (m, 2), 'phi_after': (m, 2), 'u_after': (m, 2)} (numpy float64).
+  """
+  out = {}
+  with jax.enable_x64(True):
+    for kind, params in layers(np.asarray(w, np.float64), np.asarray(b, np.float64)).items():
+      before = analysis.snapshot(params, kind)
+      out[kind] = {}
+      for eps in eps_values:
+        after = analysis.snapshot(analysis.perturb(params, float(eps), kind), kind)
+        out[kind][float(eps)] = dict(
+            angle_deg=np.asarray(analysis.angle_change(before.direction, after.direction, True)),
+            location_change=np.asarray(analysis.location_change(before.location, after.location)),
+            phi_before=np.asarray(before.location), phi_after=np.asarray(after.location),
+            u_before=np.asarray(before.direction), u_after=np.asarray(after.direction))
+  return out
+
+
+def check_claims(changes, eps_values) -> dict[str, str]:
+  """Theorem 3 and Sec. 3.5's statements against the measured changes (all draws)."""
+  out = {}
+  bound_ok = all(np.all(changes['gmp'][e]['angle_deg'] <= np.degrees(e) * (1 + 1e-9))
+                 for e in eps_values)
+  out['GmP: angle change <= |eps * 1|_2 (Theorem 3; = eps rad in R^2)'] = (
+      'holds' if bound_ok else 'FAILS')
+  for kind in ('sp', 'wn'):
+    e = 1e-3 if 1e-3 in eps_values else min(eps_values)
+    med = float(np.median(changes[kind][e]['angle_deg']))
+    out[f'{kind}: eps = {e:g} already changes the direction drastically'] = (
+        f'{"holds" if med > 10 else "does not hold"} (median {med:.1f} deg vs GmP '
+        f'{np.degrees(e):.3f} deg)')
+  return out
+
+
+def plot(changes, eps_values, workdir, unit: int = 0):
+  """perturbation.png: Fig. 1 b-e, one panel per eps, boundaries of unit `unit` before/after."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  colors = {'sp': 'tab:red', 'wn': 'tab:green', 'gmp': 'tab:blue'}
+  fig, axes = plt.subplots(1, len(eps_values), figsize=(4.2 * len(eps_values), 4.5),
+                           squeeze=False)
+  for ax, eps in zip(axes[0], eps_values):
+    phi0 = changes['sp'][eps]['phi_before'][unit]
+    points = [phi0] + [changes[k][eps]['phi_after'][unit] for k in METHODS]
+    lim = min(max(2.0, 1.3 * max(float(np.max(np.abs(p))) for p in points)), 50.0)
+
+    def boundary(phi, u, color, lw, ls, label, line_style='-'):
+      normal_perp = np.array([-u[1], u[0]])
+      ax.axline(phi, phi + normal_perp, color=color, lw=lw, ls=line_style, label=label)
+      ax.plot([0, phi[0]], [0, phi[1]], color=color, ls=ls, lw=1.5)
+      ax.plot(*phi, 'o', color=color, ms=5)
+
+    boundary(phi0, changes['sp'][eps]['u_before'][unit], 'saddlebrown', 4, ':', 'original')
+    for k in METHODS:
+      c = changes[k][eps]
+      boundary(c['phi_after'][unit], c['u_after'][unit], colors[k], 1.6, '--',
+               f'{k.upper()}: {c["angle_deg"][unit]:.2f} deg', '--' if k == 'wn' else '-')
+    ax.plot(0, 0, 'ko', ms=5)
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    ax.set_aspect('equal')
+    ax.set_title(rf'$\epsilon$ = {eps:g}', fontsize=11)
+    ax.legend(fontsize=7.5, loc='lower left', title='after perturbation', title_fontsize=7.5)
+    ax.set_xlabel('$x_1$')
+  axes[0][0].set_ylabel('$x_2$')
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'perturbation.png'), dpi=120)
+  plt.close(fig)
+
+
+def run_study(workdir: str, eps_values=(1e-4, 1e-3, 1e-2, 1e-1), weight_scale: float = 1e-3,
+              seed: int = 1, num_draws: int = 1000, make_plots: bool = True) -> dict[str, Any]:
+  """Runs the study and writes its files; callable from notebooks and tests."""
+  eps_values = [float(e) for e in eps_values]
+  if not eps_values or any(not e > 0 for e in eps_values):
+    raise ValueError(f'eps values must be positive, got {eps_values}.')
+  if num_draws < 1 or not weight_scale > 0:
+    raise ValueError(f'num_draws must be >= 1 and weight_scale > 0, got {num_draws}, '
+                     f'{weight_scale}.')
+  t0 = time.perf_counter()
+  os.makedirs(workdir, exist_ok=True)
+  w, b = draw_units(seed, num_draws, weight_scale)
+  changes = perturbation_changes(w, b, eps_values)
+  unit = {k: {f'{e:g}': dict(angle_deg=float(changes[k][e]['angle_deg'][0]),
+                             location_change=float(changes[k][e]['location_change'][0]),
+                             phi_before=changes[k][e]['phi_before'][0].tolist(),
+                             phi_after=changes[k][e]['phi_after'][0].tolist())
+                  for e in eps_values} for k in METHODS}
+  stats = {k: {f'{e:g}': dict(
+      median_angle_deg=float(np.median(changes[k][e]['angle_deg'])),
+      max_angle_deg=float(np.max(changes[k][e]['angle_deg'])),
+      median_location_change=float(np.median(changes[k][e]['location_change'])))
+      for e in eps_values} for k in METHODS}
+  summary = {
+      'unit': {'w': w[0].tolist(), 'b': float(b[0]), 'changes': unit},
+      'over_draws': stats,
+      'claims': check_claims(changes, eps_values),
+      'config': dict(eps=eps_values, weight_scale=weight_scale, seed=seed, num_draws=num_draws),
+      'wall_seconds': time.perf_counter() - t0,
+  }
+  lines = ['| eps | ' + ' | '.join(f'{k.upper()} angle (deg): unit / median / max'
+                                    for k in METHODS) + ' |',
+           '| --- |' + ' --- |' * len(METHODS)]
+  for e in eps_values:
+    cells = [f'{unit[k][f"{e:g}"]["angle_deg"]:.3g} / {stats[k][f"{e:g}"]["median_angle_deg"]:.3g}'
+             f' / {stats[k][f"{e:g}"]["max_angle_deg"]:.3g}' for k in METHODS]
+    lines.append(f'| {e:g} | ' + ' | '.join(cells) + ' |')
+  table = '\n'.join(lines)
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  with open(os.path.join(workdir, 'results.md'), 'w') as f:
+    f.write(table + '\n')
+  if make_plots:
+    plot(changes, eps_values, workdir)
+  print(f'[perturbation_2d] unit w = {w[0].tolist()}, b = {b[0]:.3g}; {num_draws} draws')
+  print(table)
+  for claim, verdict in summary['claims'].items():
+    print(f'[perturbation_2d] paper claim: {claim}: {verdict}')
+  print(f'[perturbation_2d] wrote results.json, results.md'
+        f'{", perturbation.png" if make_plots else ""} to {workdir}')
+  return {'summary': summary, 'changes': changes}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS.workdir:
+    raise app.UsageError('--workdir is required (a directory for results and figures).')
+  try:
+    eps = [float(e) for e in FLAGS.eps]
+  except ValueError as e:
+    raise app.UsageError(f'--eps must be numbers, got {FLAGS.eps}.') from e
+  try:
+    run_study(FLAGS.workdir, eps, weight_scale=FLAGS.weight_scale, seed=FLAGS.seed,
+              num_draws=FLAGS.num_draws)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
