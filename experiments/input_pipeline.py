@@ -92,8 +92,8 @@ class TfdsSource:
     return len(self._source)
 
   def get(self, indices):
-    items = self._source.__getitems__(list(map(int, indices))) if hasattr(
-        self._source, '__getitems__') else [self._source[int(i)] for i in indices]
+    # Item by item: `__getitems__` is not implemented by every source (tfds mock data).
+    items = [self._source[int(i)] for i in indices]
     images = [np.asarray(it['image']) for it in items]
     labels = np.asarray([it['label'] for it in items], np.int32)
     return images, labels
@@ -435,3 +435,30 @@ class Loader:
         nxt = next(it, None)
         if nxt is not None:
           pending.append(pool.submit(self._batch, order, epoch, nxt))
+
+
+def write_fake_jpeg_archive(directory: str, num_classes: int = 3, train_per_class: int = 8,
+                            test_per_class: int = 4, size: int = 8, seed: int = 0) -> str:
+  """Writes a small `cifar10-jpeg.tar.gz` of the real one's layout (tests, demos).
+
+  Class `k` images are noise around the gray level `40 + 60 * k`, so labels can be
+  checked after the lossy JPEG round trip. Returns the archive's path.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+  path = os.path.join(directory, JPEG_ARCHIVE)
+  os.makedirs(directory, exist_ok=True)
+  with tarfile.open(path, 'w:gz') as tf:
+    for split, per_class in (('train', train_per_class), ('test', test_per_class)):
+      for k in range(num_classes):
+        for i in range(per_class):
+          level = 40 + 60 * k
+          img = np.clip(level + rng.integers(-10, 11, (size, size, 3)), 0, 255).astype(np.uint8)
+          buf = io.BytesIO()
+          Image.fromarray(img).save(buf, format='JPEG', quality=95)
+          info = tarfile.TarInfo(f'{split}/class{k}/{i:04d}.jpg')
+          info.size = buf.tell()
+          buf.seek(0)
+          tf.addfile(info, buf)
+  return path

@@ -1,0 +1,135 @@
+"""Input pipelines: the JPEG-folder archive, per-process batches, augmentation, TFDS mock data."""
+
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import input_pipeline as ip
+
+
+@pytest.fixture
+def archive(tmp_path, monkeypatch):
+  monkeypatch.setenv('GEOPARAM_CACHE_DIR', str(tmp_path / 'cache'))
+  ip.write_fake_jpeg_archive(str(tmp_path / 'data'), num_classes=3, train_per_class=8,
+                             test_per_class=3, size=8)
+  return str(tmp_path / 'data')
+
+
+def _config(data_dir, **kw):
+  c = ml_collections.ConfigDict(dict(
+      dataset='cifar10_jpeg', data_dir=data_dir, cache_dir=None, train_examples=0,
+      eval_examples=0, augment='flip'))
+  c.update(kw)
+  return c
+
+
+def test_jpeg_archive_shapes_labels_and_cache(archive, monkeypatch):
+  data, classes = ip.load_jpeg_archive(archive)
+  assert classes == ['class0', 'class1', 'class2']
+  assert data['train'].images.shape == (24, 8, 8, 3) and data['train'].images.dtype == np.uint8
+  assert data['test'].images.shape == (9, 8, 8, 3)
+  for split in ('train', 'test'):
+    src = data[split]
+    # Class k was written around gray level 40 + 60k; JPEG keeps the mean within a few levels.
+    means = src.images.reshape(len(src), -1).mean(1)
+    np.testing.assert_allclose(means, 40 + 60 * src.labels, atol=6)
+  # The second load reads the cache, never the archive.
+  monkeypatch.setattr(ip, 'decode_jpeg_archive', lambda *_: pytest.fail('decoded twice'))
+  again, _ = ip.load_jpeg_archive(archive)
+  np.testing.assert_array_equal(again['train'].images, data['train'].images)
+
+
+def test_missing_archive_names_data_dir(tmp_path, monkeypatch):
+  monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
+  with pytest.raises(FileNotFoundError, match='data_dir=.*GEOPARAM_DATA_DIR'):
+    ip.get_sources(_config(str(tmp_path / 'nowhere')))
+
+
+def test_env_data_dir_is_used(archive, monkeypatch):
+  monkeypatch.setenv('GEOPARAM_DATA_DIR', archive)
+  sources = ip.get_sources(_config(None))
+  assert len(sources.train) == 24 and sources.num_classes == 3
+
+
+def test_loader_deterministic_and_process_split_invariant(archive):
+  src = ip.get_sources(_config(archive)).train
+  aug = ip.make_augment(_config(archive), train=True)
+  one = ip.Loader(src, 8, train=True, augment=aug, seed=3)
+  assert one.steps_per_epoch == 3
+  a = list(one.epoch(0))
+  b = list(ip.Loader(src, 8, train=True, augment=aug, seed=3, num_workers=1).epoch(0))
+  for x, y in zip(a, b):
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+  assert a[0]['image'].shape == (8, 8, 8, 3) and a[0]['label'].dtype == np.int32
+  # An epoch visits every example once (24 = 3 batches of 8).
+  assert sorted(np.concatenate([x['label'] for x in a]).tolist()) == sorted(src.labels.tolist())
+  # Other epochs shuffle differently.
+  c = list(one.epoch(1))
+  assert any((x['label'] != y['label']).any() for x, y in zip(a, c))
+  # Two processes' halves of each batch assemble into the one-process batch.
+  halves = [list(ip.Loader(src, 8, train=True, augment=aug, seed=3, process_index=i,
+                           process_count=2).epoch(0)) for i in range(2)]
+  for j, full in enumerate(a):
+    for k in full:
+      np.testing.assert_array_equal(
+          np.concatenate([halves[0][j][k], halves[1][j][k]]), full[k])
+  # Resuming mid-epoch yields the remaining batches unchanged.
+  rest = list(one.epoch(0, start_step=1))
+  np.testing.assert_array_equal(rest[0]['image'], a[1]['image'])
+
+
+def test_eval_loader_pads_and_masks(archive):
+  src = ip.get_sources(_config(archive)).eval
+  loader = ip.Loader(src, 4, train=False, augment=ip.make_augment(_config(archive), False))
+  batches = list(loader.epoch(0))
+  assert len(batches) == 3  # 9 examples, batches of 4
+  mask = np.concatenate([b['mask'] for b in batches])
+  np.testing.assert_array_equal(mask, [1] * 9 + [0] * 3)
+  np.testing.assert_array_equal(np.concatenate([b['label'] for b in batches])[:9], src.labels)
+
+
+def test_batch_not_divisible_by_processes():
+  src = ip.ArraySource(np.zeros((10, 2, 2, 3), np.uint8), np.zeros(10, np.int32))
+  with pytest.raises(ValueError, match='not divisible by the number of processes 3'):
+    ip.Loader(src, 4, train=True, augment=None, process_count=3)
+
+
+def test_flip_and_crop_augmentations():
+  x = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
+  u = np.array([[0.1] + [0.0] * 7, [0.9] + [0.0] * 7], np.float32)
+  y = ip.augment_flip(x, u)
+  np.testing.assert_array_equal(y[0], x[0, :, ::-1])
+  np.testing.assert_array_equal(y[1], x[1])
+  z = ip.augment_flip(x, np.array([[0.9, 0.0, 0.0] + [0] * 5] * 2, np.float32), pad_crop=1)
+  np.testing.assert_array_equal(z[:, 1:, 1:], x[:, :3, :3])  # offset (0, 0) of the padding
+  assert (z[:, 0] == 0).all()
+
+
+def test_imagenet_augmentation_shapes():
+  rng = np.random.default_rng(0)
+  images = [rng.integers(0, 256, (30, 40, 3), dtype=np.uint8),
+            rng.integers(0, 256, (50, 20), dtype=np.uint8)]
+  u = rng.random((2, ip.NUM_UNIFORMS), dtype=np.float32)
+  out = ip.augment_imagenet(images, u, crop=16, resize_range=(18, 30))
+  assert out.shape == (2, 16, 16, 3) and out.dtype == np.uint8
+  np.testing.assert_array_equal(out, ip.augment_imagenet(images, u, crop=16, resize_range=(18, 30)))
+  ev = ip.center_crop_imagenet(images, crop=16, resize=18)
+  assert ev.shape == (2, 16, 16, 3)
+
+
+def test_tfds_source_under_mock_data():
+  import tensorflow_datasets as tfds
+  with tfds.testing.mock_data(num_examples=12):
+    sources = ip.get_sources(_config(None, dataset='cifar10', eval_examples=6))
+    assert sources.num_classes == 10 and len(sources.train) == 12 and len(sources.eval) == 6
+    loader = ip.Loader(sources.train, 4, train=True,
+                       augment=ip.make_augment(_config(None), True), seed=0)
+    batch = next(loader.epoch(0))
+  assert batch['image'].shape == (4, 32, 32, 3) and batch['image'].dtype == np.uint8
+  assert ((0 <= batch['label']) & (batch['label'] < 10)).all()
+
+
+def test_unknown_dataset():
+  with pytest.raises(ValueError, match='unknown dataset'):
+    ip.get_sources(_config(None, dataset='mnist'))
