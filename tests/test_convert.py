@@ -1,0 +1,279 @@
+"""Tests for geoparam.convert: function-preserving SP <-> GmP parameter conversion."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import geoparam
+from geoparam import convert
+from geoparam import hyperspherical as hs
+from tests.conftest import ref_directions
+
+
+# --- single layers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('fan_in', [1, 2, 3, 17, 300])
+def test_dense_round_trip_float32(fan_in):
+  rng = np.random.default_rng(fan_in)
+  kernel = rng.normal(size=(fan_in, 6)).astype(np.float32)
+  kernel[-1, :3] = -np.abs(kernel[-1, :3])  # negative last coordinates
+  bias = rng.normal(size=6).astype(np.float32)
+  params = convert.dense_to_gmp(kernel, bias)
+  assert params['theta'].shape == (fan_in - 1, 6)
+  assert all(v.dtype == jnp.float32 for v in params.values())
+  if fan_in == 1:
+    np.testing.assert_array_equal(params['sign'], np.sign(kernel[0]))
+  # The formulas: scale = |w|, lam = b / |w|, u(theta) = w / |w|.
+  norms = np.linalg.norm(kernel.astype(np.float64), axis=0)
+  np.testing.assert_allclose(params['scale'], norms, rtol=1e-6)
+  np.testing.assert_allclose(params['lam'], bias / norms, rtol=1e-5, atol=1e-7)
+  if fan_in > 1:
+    np.testing.assert_allclose(ref_directions(params['theta']), kernel / norms, atol=1e-5)
+  k2, b2 = convert.gmp_to_dense(params)
+  np.testing.assert_allclose(k2, kernel, rtol=1e-5, atol=1e-5 * np.abs(kernel).max())
+  np.testing.assert_allclose(b2, bias, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_round_trip_float64(x64):
+  rng = np.random.default_rng(0)
+  kernel = rng.normal(size=(40, 5)) * rng.uniform(1e-3, 1e3, size=5)  # wildly different norms
+  bias = rng.normal(size=5)
+  params = convert.dense_to_gmp(jnp.asarray(kernel), jnp.asarray(bias))
+  assert params['theta'].dtype == jnp.float64
+  k2, b2 = convert.gmp_to_dense(params)
+  np.testing.assert_allclose(k2, kernel, rtol=1e-11, atol=1e-13 * np.abs(kernel).max())
+  np.testing.assert_allclose(b2, bias, rtol=1e-12)
+
+
+def test_gmp_to_dense_to_gmp_round_trip(x64):
+  rng = np.random.default_rng(1)
+  theta = rng.uniform(0.2, np.pi - 0.2, size=(7, 4))
+  theta[-1] = rng.uniform(0.1, 2 * np.pi - 0.1, size=4)
+  params = {'theta': jnp.asarray(theta), 'lam': jnp.asarray(rng.normal(size=4)),
+            'scale': jnp.asarray(rng.uniform(0.1, 3, size=4))}
+  back = convert.dense_to_gmp(*convert.gmp_to_dense(params))
+  for k in params:
+    np.testing.assert_allclose(back[k], params[k], rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize('activation,act_fn', [('relu', nn.relu), ('leaky_relu', nn.leaky_relu),
+                                               (None, None)])
+def test_converted_dense_layer_preserves_function(activation, act_fn):
+  rng = np.random.default_rng(2)
+  kernel = rng.normal(size=(5, 4)).astype(np.float32)
+  bias = rng.normal(size=4).astype(np.float32)
+  x = rng.normal(size=(30, 5)).astype(np.float32)
+  params = convert.dense_to_gmp(kernel, bias, activation=activation)
+  out = geoparam.GmPDense(4, activation=act_fn).apply({'params': params}, x)
+  z = x.astype(np.float64) @ kernel + bias
+  expected = np.asarray(act_fn(z)) if act_fn is not None else z
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_kernel_shape_round_trip():
+  rng = np.random.default_rng(3)
+  kernel = rng.normal(size=(3, 2, 4, 5)).astype(np.float32)
+  bias = rng.normal(size=5).astype(np.float32)
+  params = convert.dense_to_gmp(kernel, bias)
+  assert params['theta'].shape == (3 * 2 * 4 - 1, 5)
+  k2, b2 = convert.gmp_to_dense(params, kernel_shape=kernel.shape)
+  assert k2.shape == kernel.shape
+  np.testing.assert_allclose(k2, kernel, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(b2, bias, rtol=1e-5, atol=1e-6)
+  # The flattening order is nn.Conv's: the GmP conv computes the same function.
+  x = rng.normal(size=(2, 6, 5, 4)).astype(np.float32)
+  sp = nn.Conv(5, (3, 2)).apply({'params': {'kernel': kernel, 'bias': bias}}, x)
+  gmp = geoparam.GmPConv(5, (3, 2)).apply({'params': params}, x)
+  np.testing.assert_allclose(gmp, nn.relu(sp), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError):
+    convert.gmp_to_dense(params, kernel_shape=(3, 3, 4, 5))
+
+
+# --- whole models -----------------------------------------------------------------------------
+
+
+class SPMLP(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(16, name='hidden_0')(x))
+    x = nn.relu(nn.Dense(8, name='hidden_1')(x))
+    return nn.Dense(3, name='out')(x)
+
+
+class GmPMLP(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = geoparam.GmPDense(16, name='hidden_0')(x)
+    x = geoparam.GmPDense(8, name='hidden_1')(x)
+    return nn.Dense(3, name='out')(x)
+
+
+class SPCNN(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(4, (3, 3), name='conv_0')(x))
+    x = nn.relu(nn.Conv(6, (3, 3), strides=2, padding='VALID', name='conv_1')(x))
+    x = x.mean(axis=(1, 2))
+    return nn.Dense(2, name='out')(x)
+
+
+class GmPCNN(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = geoparam.GmPConv(4, (3, 3), name='conv_0')(x)
+    x = geoparam.GmPConv(6, (3, 3), strides=2, padding='VALID', name='conv_1')(x)
+    x = x.mean(axis=(1, 2))
+    return nn.Dense(2, name='out')(x)
+
+
+def _init(model, x):
+  return jax.jit(model.init)(jax.random.key(0), x)['params']
+
+
+def _apply(model, params, x):
+  return jax.jit(model.apply)({'params': params}, x)
+
+
+def _not_output(path):
+  return path[0] != 'out'
+
+
+def _assert_close(a, b, tol=1e-5):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+def _perturb_biases(params, rng):
+  """Nonzero biases (init gives zeros), so that lam = b / |w| is exercised."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: jnp.asarray(rng.normal(size=p.shape) * 0.3, p.dtype)
+      if 'bias' in jax.tree_util.keystr(path) else p, params)
+
+
+def test_mlp_sp_to_gmp_to_sp_preserves_outputs():
+  rng = np.random.default_rng(4)
+  x = rng.normal(size=(32, 5)).astype(np.float32)
+  sp_params = _init(SPMLP(), x)
+  sp_params = _perturb_biases(sp_params, rng)
+  sp_out = _apply(SPMLP(), sp_params, x)
+
+  gmp_params = convert.sp_to_gmp(sp_params, select=_not_output)
+  assert set(gmp_params['hidden_0']) == {'theta', 'lam', 'scale'}
+  assert set(gmp_params['out']) == {'kernel', 'bias'}  # the output layer stays plain
+  np.testing.assert_array_equal(gmp_params['out']['kernel'], sp_params['out']['kernel'])
+  # The GmP model accepts the converted tree as is (same structure as its own init).
+  expected_struct = jax.tree.map(jnp.shape, _init(GmPMLP(), x))
+  assert jax.tree.map(jnp.shape, gmp_params) == expected_struct
+  gmp_out = _apply(GmPMLP(), gmp_params, x)
+  _assert_close(gmp_out, sp_out)
+
+  back = convert.gmp_to_sp(gmp_params)
+  assert jax.tree.map(jnp.shape, back) == jax.tree.map(jnp.shape, sp_params)
+  _assert_close(_apply(SPMLP(), back, x), sp_out)
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(sp_params)):
+    _assert_close(a, b)
+
+
+def test_cnn_sp_to_gmp_to_sp_preserves_outputs():
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(3, 9, 9, 2)).astype(np.float32)
+  sp_params = _init(SPCNN(), x)
+  sp_params = _perturb_biases(sp_params, rng)
+  sp_out = _apply(SPCNN(), sp_params, x)
+
+  gmp_params = convert.sp_to_gmp(sp_params, select=_not_output)
+  assert gmp_params['conv_0']['theta'].shape == (3 * 3 * 2 - 1, 4)
+  expected_struct = jax.tree.map(jnp.shape, _init(GmPCNN(), x))
+  assert jax.tree.map(jnp.shape, gmp_params) == expected_struct
+  _assert_close(_apply(GmPCNN(), gmp_params, x), sp_out)
+
+  like = jax.eval_shape(SPCNN().init, jax.random.key(0), x)['params']
+  back = convert.gmp_to_sp(gmp_params, like=like)
+  assert jax.tree.map(jnp.shape, back) == jax.tree.map(jnp.shape, sp_params)
+  _assert_close(_apply(SPCNN(), back, x), sp_out)
+  with pytest.raises(ValueError):
+    convert.gmp_to_sp(gmp_params, like={'conv_0': like['conv_0']})  # no conv_1 in `like`
+
+
+def test_fan_in_one_model_round_trip():
+  class SP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(1, name='out')(nn.relu(nn.Dense(10, name='hidden')(x)))
+
+  class GmP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(1, name='out')(geoparam.GmPDense(10, name='hidden')(x))
+
+  rng = np.random.default_rng(6)
+  x = np.linspace(-3, 3, 25, dtype=np.float32)[:, None]
+  sp_params = _perturb_biases(_init(SP(), x), rng)
+  assert np.any(sp_params['hidden']['kernel'] < 0) and np.any(sp_params['hidden']['kernel'] > 0)
+  gmp_params = convert.sp_to_gmp(sp_params, select=_not_output)
+  assert set(gmp_params['hidden']) == {'theta', 'lam', 'scale', 'sign'}
+  _assert_close(_apply(GmP(), gmp_params, x), _apply(SP(), sp_params, x))
+  back = convert.gmp_to_sp(gmp_params)
+  _assert_close(back['hidden']['kernel'], sp_params['hidden']['kernel'])
+  _assert_close(back['hidden']['bias'], sp_params['hidden']['bias'])
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def test_zero_weight_vector_raises():
+  kernel = np.ones((4, 3), np.float32)
+  kernel[:, 1] = 0.0
+  with pytest.raises(ValueError, match='zero'):
+    convert.dense_to_gmp(kernel, np.zeros(3, np.float32))
+  with pytest.raises(ValueError):
+    convert.sp_to_gmp({'layer': {'kernel': kernel, 'bias': np.zeros(3, np.float32)}})
+  with pytest.raises(ValueError):
+    convert.dense_to_gmp(np.zeros((1, 2), np.float32))  # fan-in 1 too
+
+
+def test_negative_scale_with_relu_raises_but_linear_converts():
+  rng = np.random.default_rng(7)
+  params = convert.dense_to_gmp(rng.normal(size=(3, 2)).astype(np.float32))
+  params = dict(params, scale=jnp.asarray([1.0, -2.0]))
+  with pytest.raises(ValueError, match='scale'):
+    convert.gmp_to_dense(params)
+  with pytest.raises(ValueError, match='scale'):
+    convert.gmp_to_dense(params, activation='leaky_relu')
+  with pytest.raises(ValueError):
+    convert.gmp_to_sp({'layer': params})
+  kernel, bias = convert.gmp_to_dense(params, activation=None)
+  x = rng.normal(size=(6, 3)).astype(np.float32)
+  np.testing.assert_allclose(
+      geoparam.GmPDense(2, activation=None).apply({'params': params}, x),
+      x @ np.asarray(kernel) + np.asarray(bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('activation', ['sigmoid', 'tanh', 'gelu'])
+def test_non_homogeneous_activation_raises(activation):
+  kernel = np.ones((3, 2), np.float32)
+  with pytest.raises(ValueError, match='homogeneous'):
+    convert.dense_to_gmp(kernel, activation=activation)
+  params = convert.dense_to_gmp(kernel)
+  with pytest.raises(ValueError, match='homogeneous'):
+    convert.gmp_to_dense(params, activation=activation)
+  with pytest.raises(ValueError):
+    convert.sp_to_gmp({'l': {'kernel': kernel}}, activation=activation)
+  with pytest.raises(ValueError):
+    convert.gmp_to_sp({'l': params}, activation=activation)
+
+
+def test_bad_shapes_raise():
+  with pytest.raises(ValueError):
+    convert.dense_to_gmp(np.ones((3,), np.float32))
+  with pytest.raises(ValueError):
+    convert.dense_to_gmp(np.ones((3, 2), np.float32), np.ones((3,), np.float32))
+  with pytest.raises(ValueError):
+    convert.gmp_to_dense({'theta': jnp.zeros((2, 2))})
