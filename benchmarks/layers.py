@@ -1,0 +1,233 @@
+r"""Train-step cost of geoparam layers against the plain Flax layer, measured in the same run.
+
+  python -m benchmarks.layers [--cases=gmp_dense_b1024,map] [--repeats=10] [--out=FILE.json]
+
+For each case: median train-step time (forward, backward, SGD-momentum update;
+jitted, donated, after warm-up) of the geoparam layer and of its plain Flax
+baseline, their ratio (the number that matters: these machines are noisy and
+absolute times drift), compile time, and the compiled step's memory
+(`memory_analysis()`: temporaries + arguments + outputs - aliased). The `map`
+case times the theta -> u map (forward + backward) against `sin`/`cos` of the
+same array, its floor. `--tiny` shrinks every shape (the test suite runs that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from typing import Any, Callable
+
+from absl import app
+from absl import flags
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import geoparam
+from geoparam import hyperspherical
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list('cases', [], 'Cases to run (default: all). See CASES.')
+flags.DEFINE_integer('repeats', 10, 'Timed steps per layer (median reported).')
+flags.DEFINE_bool('tiny', False, 'Tiny shapes (smoke test of the benchmark itself).')
+flags.DEFINE_string('out', None, 'Write the results as JSON to this file.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """A layer, its baseline and the input shape; `baseline_of` names another case's layer."""
+  name: str
+  make: Callable[[bool], nn.Module]  # tiny -> module
+  baseline: Callable[[bool], nn.Module]
+  shape: Callable[[bool], tuple[int, ...]]
+  target: float
+  needs_stats: bool = False
+
+
+def _relu_after(layer):
+  return nn.Sequential([layer, nn.relu])
+
+
+class _Stats(nn.Module):
+  """Calls a layer that takes `use_running_average` in training mode."""
+  layer: nn.Module
+
+  def __call__(self, x):
+    return self.layer(x, use_running_average=False)
+
+
+def _dense_case(name, batch, target, make, baseline=None):
+  return Case(
+      name, make=lambda tiny: make(16 if tiny else 1024),
+      baseline=baseline or (lambda tiny: _relu_after(nn.Dense(16 if tiny else 1024))),
+      shape=lambda tiny: (8, 16) if tiny else (batch, 1024), target=target)
+
+
+def _conv_shape(channels, spatial):
+  return lambda tiny: (2, 6, 6, 4) if tiny else (64, spatial, spatial, channels)
+
+
+def _conv_case(name, channels, spatial, make, target):
+  return Case(
+      name, make=lambda tiny: make(4 if tiny else channels),
+      baseline=lambda tiny: _relu_after(nn.Conv(4 if tiny else channels, (3, 3))),
+      shape=_conv_shape(channels, spatial), target=target)
+
+
+CASES = [
+    _dense_case('gmp_dense_b256', 256, 2.5, lambda f: geoparam.GmPDense(f)),
+    _dense_case('gmp_dense_b1024', 1024, 1.5, lambda f: geoparam.GmPDense(f)),
+    _dense_case('gmp_imn_dense_b1024', 1024, 1.05,
+                lambda f: _Stats(geoparam.GmPDense(f, input_mean_norm=True)),
+                baseline=lambda tiny: geoparam.GmPDense(16 if tiny else 1024)),
+    _dense_case('lcw_dense_b1024', 1024, 1.10,
+                lambda f: _relu_after(geoparam.LCWDense(f))),
+    _dense_case('wn_dense_b1024', 1024, float('nan'),
+                lambda f: _relu_after(nn.WeightNorm(nn.Dense(f)))),
+] + [
+    _conv_case(f'gmp_conv_{c}c_{s}px', c, s, lambda f: geoparam.GmPConv(f, (3, 3)), 1.10)
+    for c, s in ((128, 32), (256, 16), (512, 8))
+] + [
+    _conv_case(f'lcw_conv_{c}c_{s}px', c, s,
+               lambda f: _relu_after(geoparam.LCWConv(f, (3, 3))), 1.10)
+    for c, s in ((128, 32), (256, 16), (512, 8))
+]
+CASE_NAMES = [c.name for c in CASES] + ['map']
+
+
+def _train_step(model: nn.Module, x: jax.Array):
+  """Jitted SGD-momentum step on `mean(model(x)^2)`; returns (step, state, compile seconds, memory)."""
+  variables = model.init(jax.random.key(0), x)
+  params = variables['params']
+  others = {k: v for k, v in variables.items() if k != 'params'}
+  opt = optax.sgd(1e-3, momentum=0.9)
+
+  def step(state, x):
+    params, opt_state, others = state
+
+    def loss(p):
+      y, upd = model.apply({'params': p, **others}, x, mutable=list(others))
+      return jnp.mean(y * y), upd
+
+    (_, upd), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, upd
+
+  state = (params, opt.init(params), others)
+  t0 = time.perf_counter()
+  compiled = jax.jit(step, donate_argnums=0).lower(state, x).compile()
+  compile_s = time.perf_counter() - t0
+  return compiled, state, compile_s, _memory(compiled)
+
+
+def _memory(compiled) -> int | None:
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except  # not available on every backend
+    return None
+  if m is None:
+    return None
+  return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+             - m.alias_size_in_bytes)
+
+
+def _time(fn, state, x, repeats):
+  state = fn(state, x)  # warm-up
+  jax.block_until_ready(state)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    state = fn(state, x)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def run_case(case: Case, tiny: bool, repeats: int) -> dict[str, Any]:
+  x = jax.random.normal(jax.random.key(1), case.shape(tiny), jnp.float32)
+  row = {'case': case.name, 'shape': list(x.shape), 'target_ratio': case.target}
+  for role, make in (('layer', case.make), ('baseline', case.baseline)):
+    step, state, compile_s, mem = _train_step(make(tiny), x)
+    row[f'{role}_ms'] = 1e3 * _time(step, state, x, repeats)
+    row[f'{role}_compile_s'] = compile_s
+    row[f'{role}_bytes'] = mem
+  row['ratio'] = row['layer_ms'] / row['baseline_ms']
+  if row['layer_bytes'] and row['baseline_bytes']:
+    row['memory_ratio'] = row['layer_bytes'] / row['baseline_bytes']
+  return row
+
+
+def run_map(tiny: bool, repeats: int) -> dict[str, Any]:
+  """The theta -> u map (fast and plain cumprod form) vs sin/cos of the same array, fwd + bwd."""
+  n, m = (17, 8) if tiny else (1024, 1024)
+  theta = jax.random.uniform(jax.random.key(2), (n - 1, m), jnp.float32, 0.1, 3.0)
+  g = jax.random.normal(jax.random.key(3), (n, m), jnp.float32)
+
+  def grad_of(f):
+    return jax.jit(jax.grad(lambda t: jnp.sum(f(t) * g)))
+
+  floor = grad_of(lambda t: jnp.concatenate([jnp.sin(t), jnp.cos(t)[:1]]))
+  fast = grad_of(hyperspherical.to_cartesian_batched)
+  plain = grad_of(hyperspherical.to_cartesian_reference)
+
+  def timed(f):
+    f(theta).block_until_ready()
+    ts = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      f(theta).block_until_ready()
+      ts.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(ts))
+
+  row = {'case': 'map', 'shape': [n - 1, m], 'target_ratio': 2.5,
+         'layer_ms': timed(fast), 'baseline_ms': timed(floor), 'cumprod_ms': timed(plain)}
+  row['ratio'] = row['layer_ms'] / row['baseline_ms']
+  return row
+
+
+def run(cases=(), tiny=False, repeats=10, out=None) -> list[dict[str, Any]]:
+  """Runs the chosen cases (all by default), prints a table, optionally writes JSON."""
+  unknown = [c for c in cases if c not in CASE_NAMES]
+  if unknown:
+    raise ValueError(f'unknown cases {unknown}; accepted: {", ".join(CASE_NAMES)}.')
+  chosen = list(cases) or CASE_NAMES
+  device = jax.devices()[0]
+  print(f'# backend={jax.default_backend()} device={device.device_kind} '
+        f'jax={jax.__version__} host={platform.node()} tiny={tiny} repeats={repeats}', flush=True)
+  print(f'{"case":24s} {"layer ms":>9s} {"base ms":>9s} {"ratio":>6s} {"target":>6s} '
+        f'{"compile s":>9s} {"mem ratio":>9s}', flush=True)
+  rows = []
+  for name in chosen:
+    if name == 'map':
+      row = run_map(tiny, repeats)
+    else:
+      row = run_case(next(c for c in CASES if c.name == name), tiny, repeats)
+    rows.append(row)
+    mem = row.get('memory_ratio')
+    print(f'{row["case"]:24s} {row["layer_ms"]:9.3f} {row["baseline_ms"]:9.3f} '
+          f'{row["ratio"]:6.2f} {row["target_ratio"]:6.2f} '
+          f'{row.get("layer_compile_s", float("nan")):9.2f} '
+          f'{mem if mem is not None else float("nan"):9.2f}', flush=True)
+  if out:
+    with open(out, 'w') as f:
+      json.dump({'backend': jax.default_backend(), 'device': device.device_kind,
+                 'jax': jax.__version__, 'tiny': tiny, 'repeats': repeats, 'rows': rows}, f,
+                indent=2)
+  return rows
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  try:
+    run(FLAGS.cases, FLAGS.tiny, FLAGS.repeats, FLAGS.out)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+
+
+if __name__ == '__main__':
+  app.run(main)

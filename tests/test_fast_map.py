@@ -1,0 +1,78 @@
+"""The fast theta -> u map (custom VJP, blocked / associative scans) against plain references."""
+
+import jax
+import jax.numpy as jnp
+from jax.test_util import check_grads
+import numpy as np
+import pytest
+
+from geoparam import hyperspherical as hs
+
+
+def _suffix_reference(a, b):
+  y = np.zeros((a.shape[0] + 1,) + a.shape[1:])
+  for j in range(a.shape[0] - 1, -1, -1):
+    y[j] = a[j] + b[j] * y[j + 1]
+  return y[:-1]
+
+
+@pytest.mark.parametrize('scheme', hs.SCHEMES)
+@pytest.mark.parametrize('length', [0, 1, 2, 15, 16, 17, 33, 257, 300])
+def test_scans_equal_sequential_references(scheme, length):
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(length)
+    a = rng.normal(size=(length, 3))
+    b = rng.uniform(-1.2, 1.2, size=(length, 3))
+    np.testing.assert_allclose(hs.prefix_product(jnp.asarray(b), scheme), np.cumprod(b, axis=0),
+                               rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(hs.suffix_affine(jnp.asarray(a), jnp.asarray(b), scheme),
+                               _suffix_reference(a, b), rtol=1e-10, atol=1e-12)
+
+
+def _random_theta(rng, n, dtype, poles=True):
+  """Sphere-like angles plus noise, with exact poles (0 and pi) planted."""
+  theta = np.asarray(hs.from_cartesian(jnp.asarray(rng.normal(size=n)))[0], np.float64)
+  theta = theta + 0.3 * rng.normal(size=theta.shape)
+  if poles and n > 4:
+    theta[1], theta[3] = 0.0, np.pi
+  return jnp.asarray(theta, dtype)
+
+
+@pytest.mark.parametrize('scheme', hs.SCHEMES)
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+@pytest.mark.parametrize('n', [2, 3, 17, 100, 1025, 4608])
+def test_fast_map_and_gradient_equal_autodiff_of_plain_formula(scheme, dtype, n):
+  with jax.enable_x64(dtype == 'float64'):
+    rng = np.random.default_rng(n)
+    theta = _random_theta(rng, n, dtype)
+    g = jnp.asarray(rng.normal(size=n), dtype)
+    fast = hs.to_cartesian_batched(theta, scheme)
+    ref = hs.to_cartesian_reference(theta)
+    assert fast.dtype == jnp.dtype(dtype)
+    tol = 1e-12 if dtype == 'float64' else 2e-6
+    np.testing.assert_allclose(fast, ref, rtol=tol, atol=tol)
+    grad_fast = jax.grad(lambda t: jnp.dot(hs.to_cartesian_batched(t, scheme), g))(theta)
+    grad_ref = jax.grad(lambda t: jnp.dot(hs.to_cartesian_reference(t), g))(theta)
+    assert np.all(np.isfinite(grad_fast))
+    scale = float(np.max(np.abs(grad_ref)))
+    np.testing.assert_allclose(grad_fast, grad_ref, rtol=0, atol=(1e-12 if dtype == 'float64' else 5e-6) * scale)
+
+
+@pytest.mark.parametrize('scheme', hs.SCHEMES)
+def test_fast_map_vjp_passes_finite_differences(scheme):
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    theta = _random_theta(rng, 40, jnp.float64, poles=False).reshape(39, 1) * jnp.ones((1, 2))
+    check_grads(lambda t: hs.to_cartesian_batched(t, scheme), (theta,), order=1, modes=['rev'])
+
+
+def test_batched_equals_vmapped_single_neuron():
+  rng = np.random.default_rng(1)
+  theta = jnp.asarray(rng.uniform(-1, 4, size=(33, 5)), jnp.float32)
+  np.testing.assert_array_equal(hs.to_cartesian_batched(theta),
+                                jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1)(theta))
+
+
+def test_unknown_scheme_is_a_clear_error():
+  with pytest.raises(ValueError, match='scheme must be one of'):
+    hs.to_cartesian_batched(jnp.zeros((3, 2)), scheme='cumprod')
