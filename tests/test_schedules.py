@@ -1,0 +1,268 @@
+"""Tests for geoparam.schedules against plain-Python reimplementations of Keras' callbacks."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from hypothesis import given, settings, strategies as st
+import numpy as np
+import optax
+import pytest
+
+from geoparam import schedules
+
+
+# --- references (Keras semantics, written from the callbacks' documented behaviour) ----------
+
+
+class KerasReduceLROnPlateau:
+  """keras.callbacks.ReduceLROnPlateau.on_epoch_end, one metric per call."""
+
+  def __init__(self, lr, factor, patience, mode, min_delta, cooldown, min_lr):
+    self.lr = np.float32(lr)  # the optimizer variable is float32
+    self.factor, self.patience, self.cooldown, self.min_lr = factor, patience, cooldown, min_lr
+    if mode == 'min':
+      self.monitor_op = lambda a, b: np.less(a, b - min_delta)
+      self.best = np.inf
+    else:
+      self.monitor_op = lambda a, b: np.greater(a, b + min_delta)
+      self.best = -np.inf
+    self.wait = 0
+    self.cooldown_counter = 0
+
+  def in_cooldown(self):
+    return self.cooldown_counter > 0
+
+  def on_epoch_end(self, current):
+    if self.in_cooldown():
+      self.cooldown_counter -= 1
+      self.wait = 0
+    if self.monitor_op(current, self.best):
+      self.best = current
+      self.wait = 0
+    elif not self.in_cooldown():
+      self.wait += 1
+      if self.wait >= self.patience:
+        old_lr = float(self.lr)
+        if old_lr > np.float32(self.min_lr):
+          new_lr = max(old_lr * self.factor, self.min_lr)
+          self.lr = np.float32(new_lr)
+          self.cooldown_counter = self.cooldown
+          self.wait = 0
+
+
+class KerasEarlyStopping:
+  """keras.callbacks.EarlyStopping.on_epoch_end (no baseline, start_from_epoch=0)."""
+
+  def __init__(self, patience, mode, min_delta):
+    self.patience = patience
+    self.monitor_op = np.less if mode == 'min' else np.greater
+    self.min_delta = abs(min_delta) * (-1 if mode == 'min' else 1)
+    self.best = np.inf if mode == 'min' else -np.inf
+    self.best_epoch = None
+    self.wait = 0
+    self.stop_training = False
+    self.improved = False
+
+  def on_epoch_end(self, epoch, current):
+    self.improved = False
+    self.wait += 1  # incremented before the improvement check
+    if self.monitor_op(current - self.min_delta, self.best):
+      self.best = current
+      self.best_epoch = epoch
+      self.wait = 0
+      self.improved = True
+      return
+    if self.wait >= self.patience and epoch > 0:
+      self.stop_training = True
+
+
+# --- library runners: jit per step and lax.scan, built once per hyperparameter set ------------
+
+
+@functools.lru_cache(maxsize=None)
+def _plateau_runners(factor, patience, mode, min_delta, cooldown, min_lr):
+  sched = schedules.reduce_on_plateau(factor=factor, patience=patience, mode=mode,
+                                      min_delta=min_delta, cooldown=cooldown, min_lr=min_lr)
+
+  @jax.jit
+  def scan(metrics):
+    def body(state, metric):
+      state = sched.update(state, metric)
+      return state, state
+    return jax.lax.scan(body, sched.init(1.0), metrics)[1]
+
+  return sched, jax.jit(sched.update), scan
+
+
+@functools.lru_cache(maxsize=None)
+def _early_runners(patience, mode, min_delta):
+  sched = schedules.early_stopping(patience=patience, mode=mode, min_delta=min_delta)
+
+  @jax.jit
+  def scan(metrics):
+    def body(state, metric):
+      state = sched.update(state, metric)
+      return state, state
+    return jax.lax.scan(body, sched.init(), metrics)[1]
+
+  return sched, jax.jit(sched.update), scan
+
+
+# Metrics are multiples of 1/4 (exact in float32) with min_delta in {0, 0.1, 0.25, 0.6}, so no
+# comparison is decided by float32-vs-float64 rounding (0.25 gives exact ties, which must NOT
+# count as improvements). Sequences: random levels (long plateaus), random walks (trends), NaN.
+LENGTH = 30
+_levels = st.lists(st.sampled_from([i / 4 for i in range(-6, 7)] + [math.nan]),
+                   min_size=LENGTH, max_size=LENGTH)
+_walks = st.lists(st.integers(-2, 2), min_size=LENGTH, max_size=LENGTH).map(
+    lambda steps: list(np.cumsum(steps) / 4))
+METRICS = st.one_of(_levels, _walks)
+
+PLATEAU_CONFIGS = [
+    # factor, patience, mode, min_delta, cooldown, min_lr
+    (0.1, 0, 'min', 0.0, 0, 0.0),
+    (0.5, 2, 'min', 0.1, 1, 0.3),
+    (0.25, 3, 'max', 0.25, 3, 0.003),
+    (0.5, 1, 'max', 0.0, 2, 0.003),
+    (0.1, 4, 'min', 0.6, 0, 0.0),
+    (0.1, 5, 'max', 0.0, 0, 0.0),
+]
+
+
+def _plateau_reference(config, metrics):
+  factor, patience, mode, min_delta, cooldown, min_lr = config
+  ref = KerasReduceLROnPlateau(1.0, factor, patience, mode, min_delta, cooldown, min_lr)
+  trace = []
+  for m in metrics:
+    ref.on_epoch_end(np.float32(m))
+    trace.append((float(ref.lr), float(ref.best), ref.wait, ref.cooldown_counter))
+  return trace
+
+
+@pytest.mark.parametrize('config', PLATEAU_CONFIGS)
+@settings(max_examples=25, deadline=None)
+@given(metrics=METRICS)
+def test_reduce_on_plateau_matches_keras(config, metrics):
+  sched, update, scan = _plateau_runners(*config)
+  expected = _plateau_reference(config, metrics)
+  # Inside lax.scan (jitted).
+  states = scan(jnp.asarray(metrics, jnp.float32))
+  for t, (lr, best, wait, cooldown_counter) in enumerate(expected):
+    np.testing.assert_allclose(float(states.lr[t]), lr, rtol=1e-6, err_msg=f'step {t}')
+    assert float(states.best[t]) == best, t
+    assert int(states.wait[t]) == wait, t
+    assert int(states.cooldown_counter[t]) == cooldown_counter, t
+  # Under jax.jit, one epoch at a time.
+  state = sched.init(1.0)
+  for t, m in enumerate(metrics):
+    state = update(state, m)
+    assert state.lr.dtype == jnp.float32
+    np.testing.assert_allclose(float(state.lr), expected[t][0], rtol=1e-6)
+    np.testing.assert_allclose(float(state.scale), expected[t][0], rtol=1e-6)
+    assert (int(state.wait), int(state.cooldown_counter)) == expected[t][2:]
+
+
+EARLY_CONFIGS = [(0, 'min', 0.0), (1, 'max', 0.1), (2, 'min', 0.25), (3, 'max', 0.0),
+                 (5, 'min', 0.6)]
+
+
+@pytest.mark.parametrize('config', EARLY_CONFIGS)
+@settings(max_examples=25, deadline=None)
+@given(metrics=METRICS)
+def test_early_stopping_matches_keras(config, metrics):
+  sched, update, scan = _early_runners(*config)
+  ref = KerasEarlyStopping(*config)
+  states = scan(jnp.asarray(metrics, jnp.float32))
+  state = sched.init()
+  for t, m in enumerate(metrics):
+    state = update(state, m)
+    scanned = jax.tree.map(lambda v: v[t], states)
+    if ref.stop_training:
+      # Keras ended training at the previous epoch; the state machine keeps saying stop.
+      assert bool(state.stop) and bool(state.should_stop) and bool(scanned.stop), t
+      continue
+    ref.on_epoch_end(t, np.float32(m))
+    for s in [state, scanned]:
+      assert int(s.epoch) == t + 1
+      assert float(s.best) == float(ref.best), t
+      assert int(s.wait) == ref.wait, t
+      assert bool(s.improved) == ref.improved, t
+      assert int(s.best_epoch) == (-1 if ref.best_epoch is None else ref.best_epoch), t
+      assert bool(s.stop) == ref.stop_training, t
+
+
+def test_early_stopping_never_stops_at_epoch_zero():
+  sched = schedules.early_stopping(patience=0)
+  state = sched.update(sched.init(), jnp.nan)  # no improvement, wait 1 >= patience 0, epoch 0
+  assert not bool(state.stop)
+  state = sched.update(state, jnp.nan)
+  assert bool(state.stop)
+
+
+def test_plateau_reduces_after_patience_and_respects_min_lr():
+  # A hand-checkable run: constant metric, patience 2, cooldown 1, factor 0.5, min_lr 0.3.
+  sched = schedules.reduce_on_plateau(factor=0.5, patience=2, cooldown=1, min_lr=0.3)
+  state = sched.init(1.0)
+  lrs = []
+  for _ in range(10):
+    state = sched.update(state, 1.0)
+    lrs.append(float(state.lr))
+  # Epoch 1 improves (from inf); 2-3 wait, reduce at 3; 4 is the cooldown epoch (its counter
+  # reaches 0 first, so it already counts: wait 1); 5 waits 2 and reduces to max(0.25, min_lr).
+  np.testing.assert_allclose(lrs, [1, 1, 0.5, 0.5, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3], rtol=1e-6)
+
+
+def test_vmaps_over_runs():
+  sched = schedules.reduce_on_plateau(factor=0.5, patience=1)
+  metrics = jnp.asarray([[3.0, 2.0, 1.0], [3.0, 3.0, 3.0]])
+  states = jax.vmap(lambda ms: jax.lax.scan(
+      lambda s, m: (sched.update(s, m), None), sched.init(1.0), ms)[0])(metrics)
+  np.testing.assert_allclose(states.lr, [1.0, 0.25], rtol=1e-6)
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(factor=0.0), dict(factor=1.0), dict(factor=1.5), dict(factor=-0.1),
+    dict(patience=-1), dict(cooldown=-1), dict(min_delta=-1e-3), dict(min_lr=-1.0),
+    dict(mode='auto'), dict(mode='MIN'),
+])
+def test_reduce_on_plateau_bad_hyperparameters(kwargs):
+  with pytest.raises(ValueError):
+    schedules.reduce_on_plateau(**kwargs)
+
+
+@pytest.mark.parametrize('kwargs', [dict(patience=-1), dict(min_delta=-0.5), dict(mode='auto')])
+def test_early_stopping_bad_hyperparameters(kwargs):
+  with pytest.raises(ValueError):
+    schedules.early_stopping(**kwargs)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def test_keep_best_and_set_learning_rate():
+  best = {'w': jnp.zeros(3)}
+  current = {'w': jnp.ones(3)}
+  np.testing.assert_array_equal(schedules.keep_best(jnp.asarray(True), best, current)['w'], 1.0)
+  np.testing.assert_array_equal(schedules.keep_best(jnp.asarray(False), best, current)['w'], 0.0)
+
+  opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+  params = {'w': jnp.ones(2)}
+  opt_state = schedules.set_learning_rate(opt.init(params), 0.5)
+  updates, _ = jax.jit(opt.update)({'w': jnp.ones(2)}, opt_state)
+  np.testing.assert_allclose(updates['w'], -0.5, rtol=1e-6)
+  with pytest.raises(ValueError):
+    schedules.set_learning_rate(optax.sgd(0.1).init(params), 0.5)
+
+
+def test_per_epoch_decay():
+  sched = schedules.per_epoch_decay(factor=0.5, min_lr=0.1)
+  state = sched.init(1.0)
+  lrs = []
+  for _ in range(6):
+    state = sched.update(state, None)
+    lrs.append(float(state.lr))
+  np.testing.assert_allclose(lrs, [max(0.5 ** e, 0.1) for e in range(1, 7)], rtol=1e-6)
+  with pytest.raises(ValueError):
+    schedules.per_epoch_decay(factor=0.0)
