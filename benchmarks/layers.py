@@ -31,10 +31,14 @@ import geoparam
 from geoparam import hyperspherical
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list('cases', [], 'Cases to run (default: all). See CASES.')
-flags.DEFINE_integer('repeats', 10, 'Timed steps per layer (median reported).')
-flags.DEFINE_bool('tiny', False, 'Tiny shapes (smoke test of the benchmark itself).')
-flags.DEFINE_string('out', None, 'Write the results as JSON to this file.')
+
+
+def define_flags():
+  """Defines the command's flags (only when run as a script, so imports never clash)."""
+  flags.DEFINE_list('cases', [], 'Cases to run (default: all). See CASES.')
+  flags.DEFINE_integer('repeats', 10, 'Timed steps per layer (median reported).')
+  flags.DEFINE_bool('tiny', False, 'Tiny shapes (smoke test of the benchmark itself).')
+  flags.DEFINE_string('out', None, 'Write the results as JSON to this file.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,4 +234,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
