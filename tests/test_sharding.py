@@ -49,11 +49,13 @@ def _equality_worker():
   out = {}
   for method in METHODS:
     config = _tiny_config(method=method)
-    results = {}
-    for shape in ((1,), (8,), (4, 2)):
+    results, start = {}, None
+    for shape in ((1,), (8,), (4, 2)) if method == 'bn' else ((1,), (8,)):
       mesh = sharding.make_mesh(shape)
       trainer = train.Trainer(config, mesh, 10, input_pipeline.MEAN_STD['cifar'], (8, 8, 3))
-      state = trainer.new_state()
+      if start is None:  # one init (its compile is the slow part), placed on every mesh
+        start = sharding.to_host(trainer.new_state())
+      state = jax.device_put(start, trainer.state_sharding)
       for b in batches:
         state, _ = trainer.train_step(state, sharding.global_batch(b, mesh))
       assert len(state.params['out']['kernel'].sharding.device_set) == mesh.size
@@ -108,7 +110,7 @@ def test_sharded_steps_equal_one_device():
   print(out)
   for method in METHODS:
     assert out[method]['num_stats'] >= 1, method  # the model really has batch statistics
-    for shape in ('(8,)', '(4, 2)'):
+    for shape in ('(8,)', '(4, 2)') if method == 'bn' else ('(8,)',):
       assert out[method][shape] < 1e-5, (method, shape, out[method])
   assert 'batch_size=12 is not divisible by the 8 devices' in out['divisibility_error']
 
