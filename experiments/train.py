@@ -391,7 +391,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       send SIGTERM at a chosen step).
 
   Returns:
-    The summary (also in `workdir/summary.json`).
+    The summary (also in `workdir/summary.json`), plus `state` (the last train state)
+    and `best_state` (the restored best checkpoint, None without one).
   """
   t_start = time.time()
   main = jax.process_index() == 0
@@ -501,19 +502,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   summary = {'status': status, 'epochs': epoch, 'steps': step, 'wall_time_s': time.time() - t_start,
              'num_devices': jax.device_count(), 'num_processes': pcount}
+  best = None
   if status == 'finished':
     summary['last'] = evaluate(trainer, state, eval_loader, mesh)
     best = ckpts.restore_best(trainer.abstract_state) if config.restore_best else None
     if best is not None:
       summary['best_epoch'] = int(sharding.to_host(best.epoch))
       summary['best'] = evaluate(trainer, best, eval_loader, mesh)
-      state = best
   ckpts.close()
   if main:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:
       json.dump(summary, f, indent=2)
     print('summary: ' + json.dumps(summary), flush=True)
-  summary['state'] = state
+  summary['state'] = state  # the last state (not returned in summary.json)
+  summary['best_state'] = best  # restored best checkpoint, or None
   return summary
 
 
