@@ -280,9 +280,10 @@ class Progress:
     run_left = (self.steps_per_epoch * self.num_epochs - step) / rate if rate > 0 else float('nan')
     if self.enabled:
       pct = 100.0 * in_epoch / self.steps_per_epoch
+      speed = (f'{rate * self.batch_size:7.1f} img/s {rate:6.2f} steps/s' if rate > 0
+               else 'compiling/first step')
       print(f'epoch {epoch + 1}/{self.num_epochs} step {in_epoch}/{self.steps_per_epoch} '
-            f'({pct:3.0f}%) loss {loss:.4f} | {rate * self.batch_size:7.1f} img/s '
-            f'{rate:6.2f} steps/s | elapsed {_fmt_time(now - self.t0)} '
+            f'({pct:3.0f}%) loss {loss:.4f} | {speed} | elapsed {_fmt_time(now - self.t0)} '
             f'ETA epoch {_fmt_time(epoch_left)} run<= {_fmt_time(run_left)}', flush=True)
     del start_step
 
