@@ -16,6 +16,12 @@ from geoparam.gmp import gmp_kernel
 from tests.conftest import ref_directions
 
 vmapped = jax.jit(jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1))
+_u = jax.jit(hs.to_cartesian)
+
+
+def _shapes(layer, *args, **kwargs):
+  """Variable shapes/dtypes of `layer.init`, without compiling or running it."""
+  return jax.eval_shape(functools.partial(layer.init, **kwargs), jax.random.key(0), *args)
 
 
 def _init(layer, *args, **kwargs):
@@ -24,6 +30,11 @@ def _init(layer, *args, **kwargs):
 
 def _apply(layer, variables, *args, **kwargs):
   return jax.jit(functools.partial(layer.apply, **kwargs))(variables, *args)
+
+
+def _zeros(shapes):
+  """Zero arrays of the given shapes (a fresh running mean is zero)."""
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
 def _relu(z):
@@ -46,17 +57,17 @@ def _np(params):
 # --- the direction map: vmapped single-neuron map == the layer's kernel ------------------------
 
 
-@pytest.mark.parametrize('fan_in', [2, 3, 17, 100])
+@pytest.mark.parametrize('fan_in', [2, 18, 100])
 def test_vmapped_map_equals_gmp_kernel_and_layer(fan_in):
   rng = np.random.default_rng(fan_in)
   features = 7
   params = _random_params(rng, fan_in, features, np.float32)
-  kernel = gmp_kernel(params['theta'])
+  kernel = jax.jit(gmp_kernel)(params['theta'])
   u = vmapped(params['theta'])
   assert kernel.shape == (fan_in, features) and kernel.dtype == jnp.float32
   np.testing.assert_allclose(kernel, u, atol=1e-6)
   for j in range(features):  # and column by column, without vmap
-    np.testing.assert_allclose(kernel[:, j], hs.to_cartesian(params['theta'][:, j]), atol=1e-6)
+    np.testing.assert_allclose(kernel[:, j], _u(params['theta'][:, j]), atol=1e-6)
   # The layer computes with that kernel.
   x = jnp.asarray(rng.normal(size=(5, fan_in)), jnp.float32)
   layer = geoparam.GmPDense(features, activation=None)
@@ -89,7 +100,7 @@ def test_gmp_dense_float32_matches_numpy_reference():
   rng = np.random.default_rng(0)
   params = _random_params(rng, 12, 5, np.float32)
   x = rng.normal(size=(8, 12)).astype(np.float32)
-  out = geoparam.GmPDense(5).apply({'params': params}, x)
+  out = _apply(geoparam.GmPDense(5), {'params': params}, x)
   assert out.dtype == jnp.float32
   p = _np(params)
   expected = p['scale'] * _relu(x.astype(np.float64) @ ref_directions(p['theta']) + p['lam'])
@@ -97,7 +108,7 @@ def test_gmp_dense_float32_matches_numpy_reference():
 
 
 def test_gmp_dense_init_shapes():
-  variables = _init(geoparam.GmPDense(4), jnp.ones((2, 3)))
+  variables = _shapes(geoparam.GmPDense(4), jnp.ones((2, 3)))
   assert set(variables) == {'params'}
   assert jax.tree.map(jnp.shape, variables['params']) == {
       'theta': (2, 4), 'lam': (4,), 'scale': (4,)}
@@ -107,13 +118,14 @@ def test_gmp_dense_activation_none_is_linear():
   rng = np.random.default_rng(1)
   params = _random_params(rng, 6, 3, np.float32)
   x = rng.normal(size=(50, 6)).astype(np.float32)
-  out = np.asarray(geoparam.GmPDense(3, activation=None).apply({'params': params}, x))
+  out = np.asarray(_apply(geoparam.GmPDense(3, activation=None), {'params': params}, x))
   p = _np(params)
   expected = p['scale'] * (x @ ref_directions(p['theta']) + p['lam'])
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
   assert np.any(expected * np.sign(p['scale']) < 0)  # negative pre-activations pass through
   # Linearity in x: f(a x1 + x2) - f(0) == a (f(x1) - f(0)) + (f(x2) - f(0)).
-  f = lambda v: np.asarray(geoparam.GmPDense(3, activation=None).apply({'params': params}, v))
+  linear = jax.jit(geoparam.GmPDense(3, activation=None).apply)
+  f = lambda v: np.asarray(linear({'params': params}, v))
   zero = f(np.zeros_like(x[:1]))
   np.testing.assert_allclose(f(2 * x[:1] + x[1:2]) - zero,
                              2 * (f(x[:1]) - zero) + (f(x[1:2]) - zero), atol=1e-5)
@@ -123,7 +135,7 @@ def test_gmp_dense_other_activation():
   rng = np.random.default_rng(2)
   params = _random_params(rng, 4, 3, np.float32)
   x = rng.normal(size=(7, 4)).astype(np.float32)
-  out = geoparam.GmPDense(3, activation=jnp.tanh).apply({'params': params}, x)
+  out = _apply(geoparam.GmPDense(3, activation=jnp.tanh), {'params': params}, x)
   p = _np(params)
   np.testing.assert_allclose(
       out, p['scale'] * np.tanh(x @ ref_directions(p['theta']) + p['lam']), atol=1e-5)
@@ -136,7 +148,7 @@ def test_gmp_dense_fan_in_one_sign_is_fixed():
   assert params['theta'].shape == (0, 4)
   params = dict(params, sign=jnp.asarray([0.3, -2.0, 1.0, -1e-3]),
                 lam=jnp.asarray([0.5, -0.2, 0.1, 0.0]), scale=jnp.asarray([1.0, 2.0, -1.0, 3.0]))
-  out = np.asarray(layer.apply({'params': params}, x))
+  out = np.asarray(_apply(layer, {'params': params}, x))
   sign = np.array([1.0, -1.0, 1.0, -1.0])  # only the sign of `sign` is used
   expected = np.asarray(params['scale']) * _relu(
       np.asarray(x) * sign + np.asarray(params['lam']))
@@ -145,7 +157,7 @@ def test_gmp_dense_fan_in_one_sign_is_fixed():
   def loss(p):
     return jnp.sum(layer.apply({'params': p}, x) ** 2)
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   np.testing.assert_array_equal(grads['sign'], 0.0)
   assert np.all(np.abs(np.asarray(grads['lam'])) > 0)
   assert grads['theta'].shape == (0, 4)
@@ -190,7 +202,6 @@ def ref_conv(x, kernel, strides, padding, dilation, groups):
 CONV_CASES = [
     # (input shape, features, kernel_size, strides, padding, dilation, groups)
     ((2, 9, 4), 6, (3,), (2,), [(1, 2)], (2,), 2),
-    ((2, 8, 3), 5, (4,), (1,), 'SAME', (1,), 1),
     ((1, 10, 2), 4, (2,), (3,), 'VALID', (3,), 2),
     ((2, 7, 6, 4), 4, (3, 2), (2, 1), [(1, 0), (2, 1)], (1, 2), 2),
     ((2, 6, 5, 3), 4, (3, 3), (1, 2), 'SAME', (1, 1), 1),
@@ -216,7 +227,7 @@ def test_gmp_conv_matches_numpy_reference(x64, case):
   np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize('case', CONV_CASES[::2], ids=lambda c: f'{len(c[2])}d')
+@pytest.mark.parametrize('case', [CONV_CASES[0], CONV_CASES[2]], ids=['1d', '2d'])
 def test_gmp_conv_equals_nn_conv_with_kernel_from_u(case):
   shape, features, ks, strides, padding, dilation, groups = case
   rng = np.random.default_rng(1 + sum(shape))
@@ -234,9 +245,10 @@ def test_gmp_conv_equals_nn_conv_with_kernel_from_u(case):
 
 def test_gmp_conv_init_shapes_and_extra_batch_dims():
   layer = geoparam.GmPConv(8, (3, 3))
-  variables = _init(layer, jnp.ones((1, 5, 5, 2)))
-  assert jax.tree.map(jnp.shape, variables['params']) == {
+  shapes = _shapes(layer, jnp.ones((1, 5, 5, 2)))
+  assert jax.tree.map(jnp.shape, shapes['params']) == {
       'theta': (17, 8), 'lam': (8,), 'scale': (8,)}
+  variables = {'params': _random_params(np.random.default_rng(0), 18, 8, np.float32)}
   x = jax.random.normal(jax.random.key(1), (2, 3, 5, 5, 2))  # two batch dims
   out = _apply(layer, variables, x)
   assert out.shape == (2, 3, 5, 5, 8)
@@ -263,7 +275,7 @@ def test_gmp_dense_input_mean_norm_train_and_eval():
   fan_in, features = 5, 4
   x = (rng.normal(size=(16, fan_in)) + rng.normal(size=fan_in) * 3).astype(np.float32)
   layer = geoparam.GmPDense(features, input_mean_norm=True, momentum=0.9)
-  variables = _init(layer, x, use_running_average=False)
+  variables = _zeros(_shapes(layer, x, use_running_average=False))
   assert 'batch_stats' in variables
   params = _random_params(rng, fan_in, features, np.float32)
   p = _np(params)
@@ -287,7 +299,7 @@ def test_gmp_conv_input_mean_norm_train():
   rng = np.random.default_rng(4)
   x = (rng.normal(size=(2, 6, 6, 3)) + np.array([5.0, -2.0, 1.0])).astype(np.float32)
   layer = geoparam.GmPConv(4, (3, 3), padding='SAME', input_mean_norm=True)
-  variables = _init(layer, x, use_running_average=False)
+  variables = _zeros(_shapes(layer, x, use_running_average=False))
   params = _random_params(rng, 27, 4, np.float32)
   out, _ = _apply(layer, {'params': params, 'batch_stats': variables['batch_stats']}, x,
                   use_running_average=False, mutable=['batch_stats'])
@@ -302,25 +314,27 @@ def test_gmp_conv_input_mean_norm_train():
 
 
 def test_dtype_and_param_dtype():
-  x = jax.random.normal(jax.random.key(0), (4, 6))
-  dense = geoparam.GmPDense(3, dtype=jnp.bfloat16)
-  variables = _init(dense, x)
-  assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(variables))
-  out = _apply(dense, variables, x)
+  rng = np.random.default_rng(8)
+  x = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
+  variables = {'params': _random_params(rng, 6, 3, np.float32)}
+  out = _apply(geoparam.GmPDense(3, dtype=jnp.bfloat16), variables, x)
   assert out.dtype == jnp.bfloat16
   ref32 = _apply(geoparam.GmPDense(3), variables, x)
+  assert ref32.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(out, np.float32), ref32, rtol=5e-2, atol=5e-2)
 
-  xc = jax.random.normal(jax.random.key(0), (2, 5, 5, 2))
-  conv = geoparam.GmPConv(3, (3, 3), dtype=jnp.bfloat16)
-  variables = _init(conv, xc)
-  out = _apply(conv, variables, xc)
+  xc = jnp.asarray(rng.normal(size=(2, 5, 5, 2)), jnp.float32)
+  variables = {'params': _random_params(rng, 18, 3, np.float32)}
+  out = _apply(geoparam.GmPConv(3, (3, 3), dtype=jnp.bfloat16), variables, xc)
   assert out.dtype == jnp.bfloat16
   ref32 = _apply(geoparam.GmPConv(3, (3, 3)), variables, xc)
   np.testing.assert_allclose(np.asarray(out, np.float32), ref32, rtol=5e-2, atol=5e-2)
 
-  variables = _init(geoparam.GmPDense(3, param_dtype=jnp.bfloat16), x)
-  assert all(v.dtype == jnp.bfloat16 for v in jax.tree.leaves(variables))
+  for layer, xs in [(geoparam.GmPDense(3), x), (geoparam.GmPConv(3, (3, 3)), xc)]:
+    shapes = _shapes(layer, xs)
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(shapes))
+    shapes = _shapes(layer.clone(param_dtype=jnp.bfloat16), xs)
+    assert all(v.dtype == jnp.bfloat16 for v in jax.tree.leaves(shapes))
 
 
 def test_float64_params_and_inputs(x64):
@@ -338,31 +352,33 @@ def test_float64_params_and_inputs(x64):
 @pytest.mark.parametrize('features', [0, -1])
 def test_features_must_be_positive(features):
   with pytest.raises(ValueError, match='features'):
-    geoparam.GmPDense(features).init(jax.random.key(0), jnp.ones((2, 3)))
+    _shapes(geoparam.GmPDense(features), jnp.ones((2, 3)))
   with pytest.raises(ValueError, match='features'):
-    geoparam.GmPConv(features, (3,)).init(jax.random.key(0), jnp.ones((2, 5, 3)))
+    _shapes(geoparam.GmPConv(features, (3,)), jnp.ones((2, 5, 3)))
 
 
 def test_fan_in_mismatch_with_existing_params():
+  # Traced with eval_shape: the check runs while tracing, nothing is compiled.
   dense = geoparam.GmPDense(4)
-  variables = dense.init(jax.random.key(0), jnp.ones((2, 3)))
+  variables = _shapes(dense, jnp.ones((2, 3)))
+  jax.eval_shape(dense.apply, variables, jnp.ones((2, 3)))  # the right fan-in is fine
   with pytest.raises(ValueError, match='fan_in'):
-    dense.apply(variables, jnp.ones((2, 5)))
+    jax.eval_shape(dense.apply, variables, jnp.ones((2, 5)))
   conv = geoparam.GmPConv(4, (3,))
-  variables = conv.init(jax.random.key(0), jnp.ones((2, 6, 2)))
+  variables = _shapes(conv, jnp.ones((2, 6, 2)))
   with pytest.raises(ValueError, match='fan_in'):
-    conv.apply(variables, jnp.ones((2, 6, 3)))
+    jax.eval_shape(conv.apply, variables, jnp.ones((2, 6, 3)))
 
 
 def test_kernel_size_rank_must_fit_input_rank():
   with pytest.raises(ValueError, match='kernel_size'):
-    geoparam.GmPConv(2, (3, 3)).init(jax.random.key(0), jnp.ones((5, 2)))
+    _shapes(geoparam.GmPConv(2, (3, 3)), jnp.ones((5, 2)))
   with pytest.raises(ValueError, match='kernel_size'):
-    geoparam.GmPConv(2, (3, 3, 3)).init(jax.random.key(0), jnp.ones((2, 5, 5)))
+    _shapes(geoparam.GmPConv(2, (3, 3, 3)), jnp.ones((2, 5, 5)))
   with pytest.raises(ValueError, match='kernel_size'):
-    geoparam.GmPConv(2, 3).init(jax.random.key(0), jnp.ones((2, 5, 1)))
+    _shapes(geoparam.GmPConv(2, 3), jnp.ones((2, 5, 1)))
 
 
 def test_feature_group_count_must_divide():
   with pytest.raises(ValueError, match='feature_group_count'):
-    geoparam.GmPConv(4, (3,), feature_group_count=2).init(jax.random.key(0), jnp.ones((1, 5, 3)))
+    _shapes(geoparam.GmPConv(4, (3,), feature_group_count=2), jnp.ones((1, 5, 3)))
