@@ -36,7 +36,8 @@ def _worker(tmp):
 
   def final(workdir, summary):
     leaves = sharding.to_host(jax.tree.leaves(summary['state']))
-    rows = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      rows = [json.loads(l) for l in f]
     rows = [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in rows]
     return leaves, rows
 

@@ -147,7 +147,8 @@ def test_two_processes_equal_one(tmp_path):
   assert len(a.files) == len(b.files) > 0
   for k in a.files:
     np.testing.assert_allclose(a[k], b[k], atol=1e-5, rtol=1e-5)
-  rows = [[json.loads(l) for l in open(tmp_path / d / 'metrics.jsonl')] for d in ('one', 'two')]
+  rows = [[json.loads(l) for l in (tmp_path / d / 'metrics.jsonl').read_text().splitlines()]
+          for d in ('one', 'two')]
   assert len(rows[0]) == len(rows[1]) == 2
   for r1, r2 in zip(*rows):
     for k in ('train_loss', 'eval_loss', 'eval_top1', 'train_top1'):

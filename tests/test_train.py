@@ -20,7 +20,7 @@ def test_imagenet32_smoke_under_tfds_mock_data(tmp_path, capsys):
   with tfds.testing.mock_data(num_examples=64):
     summary = train.train_and_evaluate(config, str(tmp_path))
   assert summary['status'] == 'finished' and summary['steps'] == 64 // 16
-  rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  rows = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert len(rows) == 1 and rows[0]['epoch'] == 1
   for k in ('train_loss', 'eval_loss', 'eval_top1', 'eval_top5'):
     assert np.isfinite(rows[0][k]), k
@@ -43,9 +43,9 @@ def test_nonfinite_loss_stops_with_message(tmp_path, monkeypatch):
                      log_every=1, num_workers=1, data_dir=data))
   with pytest.raises(FloatingPointError, match='non-finite training loss'):
     train.train_and_evaluate(config, str(tmp_path / 'run'))
-  failure = json.load(open(tmp_path / 'run' / 'failure.json'))
+  failure = json.loads((tmp_path / 'run' / 'failure.json').read_text())
   assert failure['reason'] == 'nonfinite_loss' and failure['step'] >= 1
-  events = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
+  events = [json.loads(l) for l in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
   assert events[-1]['event'] == 'nonfinite_loss'
   # No checkpoint holds the bad state (none was finished before it).
   assert not os.listdir(tmp_path / 'run' / 'checkpoints' / 'last')
