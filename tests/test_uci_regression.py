@@ -1,0 +1,153 @@
+"""The UCI study: vmapped splits == each split alone, masked early stopping == a Python loop."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from experiments import models
+from experiments import uci_data
+from experiments import uci_regression as ur
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_DIR = os.environ.get(uci_data.ENV_VAR) or os.path.join(ROOT, '..', 'shared', 'data')
+KEYS = ('rmse', 'monitor_best', 'epochs_run', 'best_epoch', 'final_lr', 'stopped')
+
+
+def _slice(data, i):
+  return {k: v[i:i + 1] for k, v in data.items()}
+
+
+@pytest.mark.parametrize('method', ['bn', 'gmp'])
+def test_vmapped_splits_equal_each_split_alone(method):
+  with jax.enable_x64(True):
+    data = ur.prepare(uci_data.load('yacht', DATA_DIR), 'clean', 4, seed=0)
+    keys = ur.split_keys(0, 4)
+    # Two chunks of two splits: vmap inside a chunk, lax.map over chunks.
+    chunk_bytes = 2 * data['x_fit'].shape[1] * 16 * 8
+    assert ur.chunk_size(4, data['x_fit'].shape[1], 16, 8, chunk_bytes) == 2
+    kwargs = dict(max_epochs=120, lr=0.05, hidden=16, plateau_patience=3, stop_patience=6,
+                  block=16, chunk_bytes=chunk_bytes)
+    together = ur.train(method, data, keys, **kwargs)
+    assert together['rmse'].dtype == np.float64
+    for i in range(4):
+      alone = ur.train(method, _slice(data, i), keys[i:i + 1], **kwargs)
+      for k in KEYS:
+        np.testing.assert_allclose(alone[k][0], together[k][i], rtol=1e-6, atol=1e-9,
+                                   err_msg=f'{method} split {i} {k}')
+    # The splits stopped at different epochs, so the masking mattered.
+    assert len(set(together['epochs_run'].tolist())) > 1, together['epochs_run']
+
+
+def _keras_reference(method, data, key, max_epochs, lr, hidden, plateau_patience,
+                     stop_patience):
+  """One split trained epoch by epoch in Python, with Keras' callback logic written out.
+
+  ReduceLROnPlateau(factor=0.1, min_delta=1e-4) then EarlyStopping(min_delta=0,
+  restore_best_weights=True), both on the monitored MSE after each epoch's step.
+  Metrics are compared in float32, as `geoparam.schedules` keeps them.
+  """
+  model = models.MLP(hidden=(hidden,), out=1, method=method, gmp_glorot_scale=True,
+                     param_dtype=jnp.float64)
+  opt = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+  x, y = jnp.asarray(data['x_fit'][0]), jnp.asarray(data['y_fit'][0])
+  xm, ym = jnp.asarray(data['x_mon'][0]), jnp.asarray(data['y_mon'][0])
+  xt, yt = jnp.asarray(data['x_test'][0]), jnp.asarray(data['y_test'][0])
+
+  @jax.jit
+  def step(variables, opt_state):
+    params = variables['params']
+    others = {k: v for k, v in variables.items() if k != 'params'}
+
+    def loss(p):
+      pred, upd = model.apply({'params': p, **others}, x, train=True, mutable=list(others))
+      return jnp.mean(jnp.abs(pred - y)), upd
+
+    grads, upd = jax.grad(loss, has_aux=True)(params)
+    upd = jax.tree.map(lambda n, o: n.astype(o.dtype), upd, others)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return {'params': optax.apply_updates(params, updates), **upd}, opt_state
+
+  mse = jax.jit(lambda v, a, b: jnp.mean((model.apply(v, a, train=False) - b) ** 2))
+  variables = model.init(key, x, train=False)
+  opt_state = opt.init(variables['params'])
+  lr_now = np.float32(lr)
+  p_best, p_wait = np.float32(np.inf), 0
+  s_best, s_wait, best_epoch, best_vars = np.float32(np.inf), 0, -1, variables
+  stopped, epochs_run = False, 0
+  for epoch in range(max_epochs):
+    opt_state.hyperparams['learning_rate'] = jnp.asarray(lr_now, jnp.float64)
+    variables, opt_state = step(variables, opt_state)
+    epochs_run += 1
+    current = np.float32(mse(variables, xm, ym))
+    if current < p_best - np.float32(1e-4):
+      p_best, p_wait = current, 0
+    else:
+      p_wait += 1
+      if p_wait >= plateau_patience:
+        lr_now, p_wait = np.float32(lr_now * np.float32(0.1)), 0
+    s_wait += 1
+    if current < s_best:
+      s_best, s_wait, best_epoch, best_vars = current, 0, epoch, variables
+    elif s_wait >= stop_patience and epoch > 0:
+      stopped = True
+      variables = best_vars
+      break
+  return dict(rmse=float(np.sqrt(mse(variables, xt, yt))), monitor_best=s_best,
+              epochs_run=epochs_run, best_epoch=best_epoch, final_lr=lr_now, stopped=stopped)
+
+
+def test_masked_early_stopping_equals_a_python_loop():
+  with jax.enable_x64(True):
+    data = ur.prepare(uci_data.load('energy', DATA_DIR), 'reference', 2, seed=2)
+    keys = ur.split_keys(2, 2)
+    kwargs = dict(max_epochs=150, lr=0.05, hidden=8, plateau_patience=5, stop_patience=12)
+    got = ur.train('sp', data, keys, block=7, **kwargs)
+    for i in range(2):
+      want = _keras_reference('sp', _slice(data, i), keys[i], **kwargs)
+      for k in KEYS:
+        np.testing.assert_allclose(got[k][i], want[k], rtol=1e-6, err_msg=f'split {i} {k}')
+    # The run exercised both rules (a rate reduction, a stop before max_epochs) and ran one
+    # split to max_epochs, which the blocks of 7 epochs do not divide.
+    assert np.any(got['final_lr'] < 0.05) and np.any(got['stopped']), got
+    assert 150 in got['epochs_run'].tolist() and not np.all(got['stopped']), got
+
+
+def test_smoke_run_writes_its_files(tmp_path):
+  workdir = tmp_path / 'uci'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.uci_regression', f'--data_dir={DATA_DIR}',
+       '--datasets=yacht,energy', '--methods=sp,gmp', '--num_splits=2', '--max_epochs=15',
+       '--protocol=clean', f'--workdir={workdir}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'results.json') as f:
+    records = json.load(f)
+  assert len(records) == 2 * 2 * 2
+  assert {(r['dataset'], r['method'], r['split']) for r in records} == {
+      (d, m, s) for d in ('yacht', 'energy') for m in ('sp', 'gmp') for s in (0, 1)}
+  for r in records:
+    assert np.isfinite(r['rmse']) and r['rmse'] > 0 and r['epochs_run'] == 15, r
+  table = (workdir / 'table.md').read_text()
+  assert '| GmP, paper | ' in table and '**0.584 +- 0.046**' in table  # paper, yacht
+  assert 'wall time' in table and 'wall time' in proc.stdout
+  assert table.splitlines()[2] == '| method | Yacht | Energy |'
+
+
+@pytest.mark.parametrize('flag, match', [
+    ('--methods=sp,foo', 'accepted: sp, wn'),
+    ('--datasets=yacht,nope', r"unknown datasets \['nope'\].*boston"),
+    ('--protocol=dirty', '--protocol must be one of reference, clean'),
+])
+def test_bad_flags_are_clear_errors(tmp_path, flag, match):
+  with pytest.raises(ValueError, match=match):
+    kwargs = dict(datasets=['yacht'], methods=['sp'], data_dir=DATA_DIR, max_epochs=1)
+    name, value = flag[2:].split('=')
+    kwargs[name] = value.split(',') if name != 'protocol' else value
+    ur.run_study(str(tmp_path), **kwargs)
