@@ -61,7 +61,7 @@ def test_sphere_uniform_directions_are_uniform():
 
 
 def test_sphere_uniform_angles_in_canonical_ranges_and_reproducible():
-  init = initializers.sphere_uniform()
+  init = jax.jit(initializers.sphere_uniform(), static_argnums=1)
   theta = np.asarray(init(jax.random.key(2), (9, 300)))
   assert np.all(theta[:-1] >= 0) and np.all(theta[:-1] <= np.pi)
   assert np.all(theta[-1] >= 0) and np.all(theta[-1] < 2 * np.pi)
@@ -72,8 +72,9 @@ def test_sphere_uniform_angles_in_canonical_ranges_and_reproducible():
 
 def test_sphere_uniform_dtypes(x64):
   init = initializers.sphere_uniform()
-  assert init(jax.random.key(0), (4, 3), jnp.float64).dtype == jnp.float64
-  assert init(jax.random.key(0), (4, 3), jnp.float32).dtype == jnp.float32
+  for dtype in [jnp.float64, jnp.float32]:  # traced, not run: the dtype is static
+    out = jax.eval_shape(lambda k, dtype=dtype: init(k, (4, 3), dtype), jax.random.key(0))
+    assert out.dtype == dtype and out.shape == (4, 3)
   assert init(jax.random.key(0), (0, 3)).shape == (0, 3)  # fan-in 1: no angles
   with pytest.raises(ValueError):
     init(jax.random.key(0), (4,))
@@ -124,7 +125,7 @@ def test_gmp_dense_glorot_scale_option():
   limit = math.sqrt(6 / (fan_in + features))
   np.testing.assert_allclose(np.mean(r ** 2), fan_in * limit ** 2 / 3, rtol=0.07)
   # An explicit scale_init wins over the default ones.
-  params = geoparam.GmPDense(3, scale_init=jax.nn.initializers.constant(2.5)).init(
+  params = jax.jit(geoparam.GmPDense(3, scale_init=jax.nn.initializers.constant(2.5)).init)(
       jax.random.key(0), jnp.ones((1, 4)))['params']
   np.testing.assert_array_equal(params['scale'], 2.5)
 
