@@ -54,7 +54,8 @@ def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
       'batch_stats', name, lambda s: jnp.zeros(s, stat_dtype), (x.shape[-1],))
   if use_running_average:
     return ra_mean.value
-  mean = batch_mean(x, axis_name)
+  # Like nn.BatchNorm: no cross-device mean while initializing (outside shard_map/pmap).
+  mean = batch_mean(x, None if module.is_initializing() else axis_name)
   if not module.is_initializing():
     ra_mean.value = momentum * ra_mean.value + (1.0 - momentum) * mean
   return mean
