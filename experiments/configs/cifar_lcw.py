@@ -1,0 +1,71 @@
+r"""CIFAR-10/100, VGG19 or pre-activation ResNet18 with LCW/WN/CWN/SN, paper 003 Table 1 / Fig. 6.
+
+`model=vgg19` (default) or `model=preact_resnet18`; `method` one of
+`experiments.vision_models.CIFAR_PARAMETERIZATIONS` (`bn` is the paper's plain
+model, `bn_lcw` its "+LCW", `wn`/`cwn`/`sn` keep BN as in the paper; `sp`/`lcw`
+are the same without BN); `dataset=cifar10` (default), `cifar100` (TFDS) or
+`cifar10_jpeg` (the offline archive). SGD momentum 0.9, weight decay 5e-4,
+batch 128, lr 0.1 decayed to a floor of 0.001: CIFAR-10 300 epochs, x0.95
+every 3 epochs; CIFAR-100 500 epochs, x0.95 every 5 epochs (here as the
+per-epoch factor 0.95**(1/3) resp. 0.95**(1/5), i.e. the same decay spread
+evenly). The paper reports the mean of the last ten epochs' test metrics: read
+them from `metrics.csv`. Augmentation is not stated in paper 003: random crop
+(pad 4) and flip, the usual CIFAR choice. VGG19 uses dropout 0.5 after its two
+hidden dense layers (this needs a `'dropout'` rng in the train step).
+
+  python -m experiments.main \
+      --config=experiments/configs/cifar_lcw.py:model=vgg19,method=bn_lcw,dataset=cifar100 \
+      --workdir=/tmp/c100_vgg19_bn_lcw --config.data_dir=DIR
+
+`smoke` (e.g. under `tfds.testing.mock_data`): 1/16 width (ResNet18: one stage
+of one block), no dropout, 16 train / 8 eval examples, one epoch.
+
+(`config.model` names a model of `experiments.vision_models.create_model`;
+`experiments.train.create_model` must delegate to it for `vgg19`/`preact_resnet18`.)
+"""
+
+from experiments import vision_models
+from experiments.configs import common
+
+_DATASETS = ('cifar10', 'cifar100', 'cifar10_jpeg')
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, model='vgg19', method='bn_lcw', dataset='cifar10', smoke=False)
+  if arg.model not in ('vgg19', 'preact_resnet18'):
+    raise ValueError(f"model must be 'vgg19' or 'preact_resnet18', got {arg.model!r}.")
+  if arg.dataset not in _DATASETS:
+    raise ValueError(f'unknown dataset {arg.dataset!r}; accepted: {", ".join(_DATASETS)}.')
+  vision_models.check_parameterization(arg.method, vision_models.CIFAR_PARAMETERIZATIONS)
+  c = common.base_config()
+  c.dataset = arg.dataset
+  c.model = arg.model
+  c.method = arg.method
+  c.width = 1.0
+  c.stage_sizes = (2, 2, 2, 2)
+  c.dropout_rate = 0.5 if arg.model == 'vgg19' else 0.0
+  c.augment = 'flip_crop'
+  c.optimizer = 'sgd'
+  c.momentum = 0.9
+  c.weight_decay = 5e-4
+  c.batch_size = 128
+  c.eval_batch_size = 500
+  c.learning_rate = 0.1
+  c.lr_schedule = 'decay'
+  every = 5 if arg.dataset == 'cifar100' else 3
+  c.decay_factor = 0.95 ** (1 / every)
+  c.min_lr = 0.001
+  c.num_epochs = 500 if arg.dataset == 'cifar100' else 300
+  c.stop_patience = 0
+  c.restore_best = False
+  if arg.smoke:
+    c.width = 1 / 16
+    c.stage_sizes = (1,)
+    c.dropout_rate = 0.0
+    c.batch_size = 8
+    c.eval_batch_size = 8
+    c.train_examples = 16
+    c.eval_examples = 8
+    c.num_epochs = 1
+    c.log_every = 1
+  return c
