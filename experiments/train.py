@@ -48,8 +48,8 @@ import optax
 
 from experiments import checkpoints as ckpt_lib
 from experiments import input_pipeline
-from experiments import models
 from experiments import sharding
+from experiments import vision_models
 from geoparam import masks
 from geoparam import schedules
 
@@ -73,11 +73,8 @@ class TrainState:
 
 
 def create_model(config, num_classes: int) -> nn.Module:
-  if config.model != 'cnn':
-    raise ValueError(f"model must be 'cnn', got {config.model!r}.")
-  models.check_methods([config.method])
-  return models.CNN(num_classes=num_classes, layers=tuple(config.layers), method=config.method,
-                    bn_momentum=config.bn_momentum)
+  """The config's model (`config.model` in `vision_models.MODELS`, e.g. cnn, vgg6, resnet50)."""
+  return vision_models.create_model(config, num_classes)
 
 
 def create_optimizer(config) -> optax.GradientTransformation:
@@ -147,21 +144,27 @@ def _metric_sums(logits, labels, mask):
           'top5': jnp.sum(jnp.any(hits, axis=-1) * mask), 'count': jnp.sum(mask)}
 
 
-def make_train_step(model, tx, mean_std) -> Callable:
-  """`(state, batch) -> (state, step_loss)`; the model's `batch_stats` are updated."""
+def make_train_step(model, tx, mean_std, seed: int = 0) -> Callable:
+  """`(state, batch) -> (state, step_loss)`; the model's `batch_stats` are updated.
+
+  Dropout (if the model has any) draws from `fold_in(key(seed), step)`: deterministic
+  and the same after a resume.
+  """
 
   def step(state: TrainState, batch):
     x = _normalize(batch['image'], mean_std)
     labels, mask = batch['label'], batch['mask']
     has_stats = bool(jax.tree.leaves(state.batch_stats))
 
+    rngs = {'dropout': jax.random.fold_in(jax.random.key(seed), state.step)}
+
     def loss_fn(params):
       variables = {'params': params}
       if has_stats:
         variables['batch_stats'] = state.batch_stats
-        logits, new = model.apply(variables, x, train=True, mutable=['batch_stats'])
+        logits, new = model.apply(variables, x, train=True, mutable=['batch_stats'], rngs=rngs)
       else:
-        logits, new = model.apply(variables, x, train=True), {}
+        logits, new = model.apply(variables, x, train=True, rngs=rngs), {}
       loss = optax.softmax_cross_entropy_with_integer_labels(
           logits.astype(jnp.float32), labels)
       loss = jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1.0)
@@ -224,7 +227,7 @@ class Trainer:
     batch_sh = sharding.batch_sharding(mesh)
     self.init = jax.jit(init, out_shardings=self.state_sharding)
     self.train_step = jax.jit(
-        make_train_step(self.model, self.tx, mean_std),
+        make_train_step(self.model, self.tx, mean_std, self.config.seed),
         in_shardings=(self.state_sharding, batch_sh), out_shardings=(self.state_sharding, self.rep),
         donate_argnums=(0,))
     self.eval_step = jax.jit(

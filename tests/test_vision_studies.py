@@ -1,8 +1,5 @@
 """Vision studies: one training epoch (a couple of steps) of each study config's smoke variant
 through `train.train_and_evaluate`, on TFDS mock data or a tiny fake JPEG archive; config errors.
-
-`train.create_model` builds only `cnn` models so far; the tests route it to
-`vision_models.create_model` (which builds `cnn` the same way) so the ResNet/VGG19 configs run.
 """
 
 import json
@@ -19,11 +16,6 @@ from experiments.configs import cifar_lcw
 from experiments.configs import imagenet_resnet50
 
 
-@pytest.fixture
-def vision_create_model(monkeypatch):
-  monkeypatch.setattr(train, 'create_model', vision_models.create_model)
-
-
 def _check_run(summary, workdir, steps, num_classes):
   assert summary['status'] == 'finished' and summary['steps'] == steps
   rows = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
@@ -34,7 +26,7 @@ def _check_run(summary, workdir, steps, num_classes):
   return summary['state']
 
 
-def test_imagenet_resnet50_smoke_under_tfds_mock_data(tmp_path, vision_create_model):
+def test_imagenet_resnet50_smoke_under_tfds_mock_data(tmp_path):
   import tensorflow_datasets as tfds
   # BN (cheapest to compile); GmP+IMN through the same loop: test_train's ImageNet32 run, and
   # the ResNet's IMN running means: test_vision_models.
@@ -48,7 +40,7 @@ def test_imagenet_resnet50_smoke_under_tfds_mock_data(tmp_path, vision_create_mo
   assert state.params['stem']['conv']['kernel'].shape == (7, 7, 3, 4)
 
 
-def test_cifar_lcw_smoke_under_tfds_mock_data(tmp_path, vision_create_model):
+def test_cifar_lcw_smoke_under_tfds_mock_data(tmp_path):
   import tensorflow_datasets as tfds
   config = cifar_lcw.get_config('model=preact_resnet18,smoke')
   assert (config.method, config.weight_decay, config.lr_schedule) == ('bn_lcw', 5e-4, 'decay')
@@ -62,7 +54,6 @@ def test_cifar_lcw_smoke_under_tfds_mock_data(tmp_path, vision_create_model):
 
 
 def test_cifar10_vgg6_smoke_on_a_fake_jpeg_archive(tmp_path, monkeypatch):
-  """Runs with `train.create_model` as it is: the config names the existing `cnn`."""
   monkeypatch.setenv('GEOPARAM_CACHE_DIR', str(tmp_path / 'cache'))
   data = str(tmp_path / 'data')
   input_pipeline.write_fake_jpeg_archive(data, num_classes=10, train_per_class=4,
