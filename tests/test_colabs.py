@@ -106,6 +106,7 @@ def test_notebook_executes(name, tmp_path, monkeypatch):
   monkeypatch.setenv('JUPYTER_PATH', jupyter_path)
   monkeypatch.setenv('GEOPARAM_DATA_DIR', os.path.abspath(DATA_DIR))
   monkeypatch.delenv('MPLBACKEND', raising=False)  # the kernel's default: inline figures
+  monkeypatch.setenv('TMPDIR', str(tmp_path))  # the notebooks' WORKDIR (tempfile) lands here
   nb = _read(name)
   client = NotebookClient(nb, kernel_name=kernel_name, timeout=600, allow_errors=False,
                           resources={'metadata': {'path': ROOT}})
