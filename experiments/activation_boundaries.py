@@ -66,8 +66,6 @@ def describe(lam: float, theta: float, fan_in: int) -> dict[str, Any]:
 
 
 def plot_1d(rows, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.4), squeeze=False)
@@ -98,8 +96,6 @@ def plot_1d(rows, path):
 
 
 def plot_2d(rows, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, axes = plt.subplots(1, len(rows), figsize=(3.8 * len(rows), 4.4), squeeze=False)

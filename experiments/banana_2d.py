@@ -296,8 +296,6 @@ def plot(runs, protocol, data, workdir):
   `runs`: lr -> method -> run (one row of trajectories per rate, the angle
   changes at every rate); `protocol`: method -> run at its protocol rate.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   methods = list(protocol)

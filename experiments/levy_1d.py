@@ -225,8 +225,6 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
 
 def plot(results, data, workdir):
   """predictions.png (before/after, seed 0) and boundary_change.png (Fig. 2c)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   methods = list(results)
@@ -275,8 +273,6 @@ def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS):
   initialization (bottom) to the end of training (top); points outside the
   plotted range are counted at the right.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   methods = list(results)

@@ -113,8 +113,6 @@ def check_claims(changes, eps_values) -> dict[str, str]:
 
 def plot(changes, eps_values, workdir, unit: int = 0):
   """perturbation.png: Fig. 1 b-e, one panel per eps, boundaries of unit `unit` before/after."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   colors = {'sp': 'tab:red', 'wn': 'tab:green', 'gmp': 'tab:blue'}

@@ -53,18 +53,23 @@ from experiments import uci_data
 from geoparam import schedules
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('data_dir', None,
-                    f'Folder holding uci/ (default: the environment variable {uci_data.ENV_VAR}).')
-flags.DEFINE_list('datasets', list(uci_data.PAPER_DATASETS), 'UCI datasets (file names in uci/).')
-flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
-flags.DEFINE_integer('num_splits', 10, 'Random 80/20 splits, trained together under vmap.')
-flags.DEFINE_integer('seed', 0, 'Seed of the splits and the initializations.')
-flags.DEFINE_string('protocol', 'reference', 'reference (monitor the test split) or clean '
-                    '(monitor a validation part of the training split).')
-flags.DEFINE_integer('max_epochs', 5000, 'Maximum number of full-batch epochs (paper: 5000).')
-flags.DEFINE_bool('float64', False, 'Train in float64 as the reference code does (about 2x slower '
-                  'on CPU; float32 by default).')
-flags.DEFINE_string('workdir', None, 'Directory for results.json and table.md.')
+
+
+def define_flags():
+  """Defines the command's flags (only when run as a script, so imports never clash)."""
+  flags.DEFINE_string('data_dir', None,
+                      f'Folder holding uci/ (default: the environment variable {uci_data.ENV_VAR}).')
+  flags.DEFINE_list('datasets', list(uci_data.PAPER_DATASETS), 'UCI datasets (file names in uci/).')
+  flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
+  flags.DEFINE_integer('num_splits', 10, 'Random 80/20 splits, trained together under vmap.')
+  flags.DEFINE_integer('seed', 0, 'Seed of the splits and the initializations.')
+  flags.DEFINE_string('protocol', 'reference', 'reference (monitor the test split) or clean '
+                      '(monitor a validation part of the training split).')
+  flags.DEFINE_integer('max_epochs', 5000, 'Maximum number of full-batch epochs (paper: 5000).')
+  flags.DEFINE_bool('float64', False, 'Train in float64 as the reference code does (about 2x slower '
+                    'on CPU; float32 by default).')
+  flags.DEFINE_string('workdir', None, 'Directory for results.json and table.md.')
+
 
 PROTOCOLS = ('reference', 'clean')
 HIDDEN = 100
@@ -388,4 +393,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -299,8 +299,6 @@ def plot_variance_analysis(results: Mapping[str, list[LayerStats]], path: str) -
     results: label (e.g. 'plain', 'LCW') -> the output of `variance_analysis`.
     path: the PNG file to write.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
