@@ -292,12 +292,16 @@ class Progress:
 
 
 class MetricsWriter:
-  """Appends one JSON object per epoch/event to metrics.jsonl and epochs to metrics.csv."""
+  """Appends one JSON object per epoch/event to metrics.jsonl, epochs to metrics.csv, and
+  numeric epoch metrics as TensorBoard scalars under `tensorboard/` (tensorboardX, a
+  pure-Python event writer: flax's own SummaryWriter needs TensorFlow)."""
 
   def __init__(self, workdir: str, enabled: bool):
     self.enabled = enabled
     self.jsonl = os.path.join(workdir, 'metrics.jsonl')
     self.csv = os.path.join(workdir, 'metrics.csv')
+    self.tensorboard_dir = os.path.join(workdir, 'tensorboard')
+    self._tb = None
 
   def truncate_after(self, epoch: int):
     """Drops records of epochs > `epoch` (written before a crash the checkpoint does not cover)."""
@@ -335,6 +339,25 @@ class MetricsWriter:
       if new:
         w.writeheader()
       w.writerow(record)
+    self._tensorboard(record)
+
+  def _tensorboard(self, record: dict):
+    if self._tb is None:
+      try:
+        import tensorboardX  # pylint: disable=g-import-not-at-top
+      except ImportError:
+        self._tb = False
+        print('tensorboardX is not installed (pip install geoparam[experiments]); '
+              'metrics go to metrics.jsonl/csv only.', flush=True)
+      else:
+        self._tb = tensorboardX.SummaryWriter(self.tensorboard_dir)
+    if not self._tb:
+      return
+    step = int(record.get('epoch', 0))
+    for key, value in record.items():
+      if key != 'epoch' and isinstance(value, (int, float)) and not isinstance(value, bool):
+        self._tb.add_scalar(key, value, step)
+    self._tb.flush()
 
 
 class _Preemption:

@@ -29,6 +29,8 @@ def test_imagenet32_smoke_under_tfds_mock_data(tmp_path, capsys):
   assert summary['state'].params['conv_0']['theta'].shape == (26, 8)
   assert os.path.exists(tmp_path / 'config.json') and os.path.exists(tmp_path / 'metrics.csv')
   assert os.path.isdir(tmp_path / 'checkpoints' / 'last')
+  events = os.listdir(tmp_path / 'tensorboard')
+  assert any(name.startswith('events.out.tfevents') for name in events), events
   out = capsys.readouterr().out
   assert 'img/s' in out and 'ETA' in out and 'summary:' in out
 
