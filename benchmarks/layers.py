@@ -174,7 +174,8 @@ def run_map(tiny: bool, repeats: int) -> dict[str, Any]:
   def grad_of(f):
     return jax.jit(jax.grad(lambda t: jnp.sum(f(t) * g)))
 
-  floor = grad_of(lambda t: jnp.concatenate([jnp.sin(t), jnp.cos(t)[:1]]))
+  # The floor: sin AND cos of every angle, forward and backward, nothing else.
+  floor = jax.jit(jax.grad(lambda t: jnp.sum(jnp.sin(t) * g[:-1] + jnp.cos(t) * g[1:])))
   fast = grad_of(hyperspherical.to_cartesian_batched)
   plain = grad_of(hyperspherical.to_cartesian_reference)
 
