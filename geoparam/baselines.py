@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from geoparam import conv
+
 __all__ = ['centered_weight_norm', 'CWNDense', 'CWNConv', 'StandardizationLayer']
 
 Array = jax.Array
@@ -149,31 +151,15 @@ class CWNConv(nn.Module):
       raise ValueError(f'CWNConv needs features >= 1, got features = {self.features}.')
     kernel_size = (
         (self.kernel_size,) if isinstance(self.kernel_size, int) else tuple(self.kernel_size))
-    if jnp.ndim(inputs) < len(kernel_size) + 1:
-      raise ValueError(
-          f'CWNConv with kernel_size = {kernel_size} needs inputs with at least '
-          f'{len(kernel_size) + 1} dims (spatial dims and channels), got shape '
-          f'{jnp.shape(inputs)}.')
-    groups = self.feature_group_count
-    in_features = jnp.shape(inputs)[-1]
-    if groups < 1 or in_features % groups or self.features % groups:
-      raise ValueError(
-          f'CWNConv needs feature_group_count >= 1 dividing both in_features = {in_features} '
-          f'and features = {self.features}, got feature_group_count = {groups}.')
-    kernel_shape = kernel_size + (in_features // groups, self.features)
+    kernel_shape = conv.kernel_shape('CWNConv', kernel_size, jnp.shape(inputs), self.features,
+                                     self.feature_group_count)
     _check_fan_in('CWNConv', math.prod(kernel_shape[:-1]), f'kernel shape {kernel_shape}')
     kernel = self.param('kernel', self.kernel_init, kernel_shape, self.param_dtype)
     scale = self.param('scale', self.scale_init, (self.features,), self.param_dtype)
     params = {'kernel': centered_weight_norm(kernel, scale, self.epsilon)}
     if self.use_bias:
       params['bias'] = self.param('bias', self.bias_init, (self.features,), self.param_dtype)
-    conv = nn.Conv(
-        features=self.features, kernel_size=kernel_size, strides=self.strides,
-        padding=self.padding, input_dilation=self.input_dilation,
-        kernel_dilation=self.kernel_dilation, feature_group_count=groups,
-        use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-        precision=self.precision, parent=None)
-    return conv.apply({'params': params}, inputs)
+    return conv.apply(self, params, inputs)
 
 
 class StandardizationLayer(nn.Module):

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from geoparam import conv
 from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam.normalization import InputMeanNorm
@@ -210,44 +211,19 @@ class GmPConv(_GmPBase):
   def __call__(self, inputs, use_running_average: bool | None = None):
     """Applies the conv to `inputs` of shape `(*batch, *spatial, in_features)`."""
     self._check_features()
-    if isinstance(self.kernel_size, int) or not all(
-        isinstance(k, int) and k >= 1 for k in self.kernel_size):
+    if isinstance(self.kernel_size, int):
       raise ValueError(
           f'kernel_size must be a tuple of positive ints, one per spatial dim, '
           f'got {self.kernel_size!r}.')
     inputs = jnp.asarray(inputs)
-    num_spatial = len(self.kernel_size)
-    if inputs.ndim < num_spatial + 1:
-      raise ValueError(
-          f'kernel_size {tuple(self.kernel_size)} has {num_spatial} spatial dims, so inputs need '
-          f'rank >= {num_spatial + 1} (*batch, *spatial, features); got shape {inputs.shape}.')
-    in_features = inputs.shape[-1]
-    groups = self.feature_group_count
-    if groups < 1 or in_features % groups or self.features % groups:
-      raise ValueError(
-          f'feature_group_count={groups} must divide in_features={in_features} and '
-          f'features={self.features}.')
+    shape = conv.kernel_shape('GmPConv', tuple(self.kernel_size), inputs.shape, self.features,
+                              self.feature_group_count)
     mean = self._input_mean(inputs, use_running_average)
     if mean is not None:
       # Explicit subtraction: with zero padding, folding the mean into the bias would
       # also subtract it at padded positions, which IMN does not.
       inputs = inputs - mean.astype(inputs.dtype)
-    fan_in = math.prod(self.kernel_size) * (in_features // groups)
-    kernel, lam, scale = self._params(fan_in)
-    kernel_shape = tuple(self.kernel_size) + (in_features // groups, self.features)
-    conv = nn.Conv(
-        features=self.features,
-        kernel_size=tuple(self.kernel_size),
-        strides=self.strides,
-        padding=self.padding,
-        input_dilation=self.input_dilation,
-        kernel_dilation=self.kernel_dilation,
-        feature_group_count=groups,
-        use_bias=False,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        precision=self.precision,
-        parent=None)
-    z = conv.apply({'params': {'kernel': kernel.reshape(kernel_shape)}}, inputs)
+    kernel, lam, scale = self._params(math.prod(shape[:-1]))
+    z = conv.apply(self, {'kernel': kernel.reshape(shape)}, inputs)
     _, lam, scale = nn.dtypes.promote_dtype(z, lam, scale, dtype=self.dtype)
     return self._finish(z, lam, scale)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from geoparam import conv
 from geoparam import lcw
 
 __all__ = ['LCWDense', 'LCWConv', 'kernel_from_v', 'v_from_kernel']
@@ -180,21 +181,6 @@ class LCWConv(nn.Module):
   kernel_init: nn.initializers.Initializer = default_kernel_init
   bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
 
-  def _conv(self, kernel_size: tuple[int, ...]) -> nn.Conv:
-    return nn.Conv(
-        features=self.features,
-        kernel_size=kernel_size,
-        strides=self.strides,
-        padding=self.padding,
-        input_dilation=self.input_dilation,
-        kernel_dilation=self.kernel_dilation,
-        feature_group_count=self.feature_group_count,
-        use_bias=self.use_bias,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        precision=self.precision,
-        parent=None)
-
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
@@ -204,21 +190,8 @@ class LCWConv(nn.Module):
       kernel_size = (self.kernel_size,)
     else:
       kernel_size = tuple(self.kernel_size)
-    if not kernel_size or any(k < 1 for k in kernel_size):
-      raise ValueError(
-          f'LCWConv needs kernel_size of positive ints, got kernel_size = {self.kernel_size}.')
-    if jnp.ndim(inputs) < len(kernel_size) + 1:
-      raise ValueError(
-          f'LCWConv with kernel_size = {kernel_size} ({len(kernel_size)} spatial dims) needs '
-          f'inputs of shape (*batch, {len(kernel_size)} spatial dims, channels), i.e. at least '
-          f'{len(kernel_size) + 1} dims, got shape {jnp.shape(inputs)}.')
-    groups = self.feature_group_count
-    in_features = jnp.shape(inputs)[-1]
-    if groups < 1 or in_features % groups or self.features % groups:
-      raise ValueError(
-          f'LCWConv needs feature_group_count >= 1 dividing both in_features = {in_features} '
-          f'and features = {self.features}, got feature_group_count = {groups}.')
-    kernel_shape = kernel_size + (in_features // groups, self.features)
+    kernel_shape = conv.kernel_shape('LCWConv', kernel_size, jnp.shape(inputs), self.features,
+                                     self.feature_group_count)
     fan_in = math.prod(kernel_shape[:-1])
     _check_fan_in('LCWConv', fan_in, f'kernel shape {kernel_shape}')
     v = self.param(
@@ -227,4 +200,4 @@ class LCWConv(nn.Module):
     params = {'kernel': kernel_from_v(v, kernel_shape)}
     if self.use_bias:
       params['bias'] = self.param('bias', self.bias_init, (self.features,), self.param_dtype)
-    return self._conv(kernel_size).apply({'params': params}, inputs)
+    return conv.apply(self, params, inputs)
