@@ -93,6 +93,23 @@ def test_config_arguments_and_errors():
     cifar10_vgg6.get_config('method=lcw')
 
 
+def test_cifar_lcw_reduced_is_the_cpu_budget_with_the_papers_optimizer():
+  full = cifar_lcw.get_config('model=preact_resnet18,method=bn')
+  for model in ('vgg19', 'preact_resnet18'):
+    r = cifar_lcw.get_config(f'model={model},method=lcw,reduced')
+    assert (r.dataset, r.width, r.train_examples, r.eval_examples) == (
+        'cifar10_jpeg', 0.125, 4000, 1000)
+    assert r.num_epochs == cifar_lcw.NUM_EPOCHS_REDUCED < full.num_epochs
+    assert r.stage_sizes == full.stage_sizes == (2, 2, 2, 2)
+    for key in ('learning_rate', 'momentum', 'weight_decay', 'batch_size', 'decay_factor',
+                'min_lr', 'lr_schedule', 'augment', 'optimizer'):
+      assert r[key] == full[key], key
+    assert r.dropout_rate == (0.5 if model == 'vgg19' else 0.0)
+  assert full.decay_factor ** 3 == pytest.approx(0.95)
+  with pytest.raises(ValueError, match='drop dataset=cifar100'):
+    cifar_lcw.get_config('dataset=cifar100,reduced')
+
+
 def test_throughput_benchmark_rejects_bad_arguments():
   with pytest.raises(ValueError, match="unknown models \\['vgg19'\\]; accepted: resnet50, vgg6"):
     vision_throughput.run(['vgg19'], tiny=True)

@@ -17,6 +17,19 @@ hidden dense layers (this needs a `'dropout'` rng in the train step).
       --config=experiments/configs/cifar_lcw.py:model=vgg19,method=bn_lcw,dataset=cifar100 \
       --workdir=/tmp/c100_vgg19_bn_lcw --config.data_dir=DIR
 
+`reduced`: a budget for the shared 2-core CPU, not the paper's protocol:
+dataset `cifar10_jpeg` (the offline archive), width 1/8 (ResNet18 keeps its
+four stages of two blocks; VGG19 keeps its dropout), the first 4,000 training
+and first 1,000 test images, 15 epochs (`NUM_EPOCHS_REDUCED`; 1-3 minutes per
+run on the 2-core CPU, about 6 s (VGG19) / 8 s (ResNet18) per epoch plus
+compilation), the paper's lr 0.1, momentum, weight decay, batch 128 and
+CIFAR-10 decay otherwise, so the lr only falls to 0.1 * 0.95**(15/3) = 0.077:
+early-training numbers of one seed, not Table 1's.
+
+  python -m experiments.main \
+      --config=experiments/configs/cifar_lcw.py:model=vgg19,method=bn_lcw,reduced \
+      --workdir=/tmp/gp8/lcw_vgg19_bn_lcw --config.data_dir=../shared/data
+
 `smoke` (e.g. under `tfds.testing.mock_data`): 1/16 width (ResNet18: one stage
 of one block), no dropout, 16 train / 8 eval examples, one epoch.
 
@@ -28,15 +41,20 @@ from experiments import vision_models
 from experiments.configs import common
 
 _DATASETS = ('cifar10', 'cifar100', 'cifar10_jpeg')
+NUM_EPOCHS_REDUCED = 15  # `reduced`: 1-3 minutes per run on the 2-core CPU (see README)
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, model='vgg19', method='bn_lcw', dataset='cifar10', smoke=False)
+  arg = common.parse_arg(arg, model='vgg19', method='bn_lcw', dataset='cifar10', reduced=False,
+                         smoke=False)
   if arg.model not in ('vgg19', 'preact_resnet18'):
     raise ValueError(f"model must be 'vgg19' or 'preact_resnet18', got {arg.model!r}.")
   if arg.dataset not in _DATASETS:
     raise ValueError(f'unknown dataset {arg.dataset!r}; accepted: {", ".join(_DATASETS)}.')
   vision_models.check_parameterization(arg.method, vision_models.CIFAR_PARAMETERIZATIONS)
+  if arg.reduced and arg.dataset == 'cifar100':
+    raise ValueError('reduced runs on the offline CIFAR-10 archive (cifar10_jpeg); '
+                     'drop dataset=cifar100.')
   c = common.base_config()
   c.dataset = arg.dataset
   c.model = arg.model
@@ -58,6 +76,13 @@ def get_config(arg=None):
   c.num_epochs = 500 if arg.dataset == 'cifar100' else 300
   c.stop_patience = 0
   c.restore_best = False
+  if arg.reduced:
+    c.dataset = 'cifar10_jpeg'  # CIFAR-10 decay above (every 3 epochs)
+    c.width = 1 / 8
+    c.train_examples = 4_000
+    c.eval_examples = 1_000
+    c.num_epochs = NUM_EPOCHS_REDUCED
+    c.log_every = 10
   if arg.smoke:
     c.width = 1 / 16
     c.stage_sizes = (1,)
