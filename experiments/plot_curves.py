@@ -8,11 +8,14 @@ from the workdirs that `experiments.main` writes:
       --runs=SP=/tmp/gp8/vgg6_sp,BN=/tmp/gp8/vgg6_bn,GmP+IMN=/tmp/gp8/vgg6_gmp_imn \
       --out=/tmp/gp8/vgg6 --last_k=3
 
-writes `/tmp/gp8/vgg6.png` (train loss and eval top-1 against the epoch),
+writes `/tmp/gp8/vgg6.png` (one panel per `--panels` column against the
+epoch; default training loss and eval top-1; Fig. 4 itself shows top-5 training
+and validation accuracy: `--panels=train_top5,eval_top5`; Fig. 6 training loss
+and accuracy: `--panels=train_loss,train_top1`),
 `/tmp/gp8/vgg6.md` (a markdown table) and `/tmp/gp8/vgg6.csv`, and prints the
 table. Per run: epochs, final-epoch eval top-1/top-5, best eval top-1 (and its
 epoch), the mean eval top-1 of the last `k` epochs (paper 003 reports the mean
-of the last ten epochs) and the wall time as the sum of `epoch_time` (training
+of the last ten epochs, with the mean eval loss over the same epochs) and the wall time as the sum of `epoch_time` (training
 plus evaluation of every epoch; compilation is inside the first epoch, the
 final summary evaluation is not counted).
 
@@ -24,6 +27,7 @@ Agg backend is chosen only by `main`.
 from __future__ import annotations
 
 import csv
+import math
 import os
 from typing import Mapping, Sequence
 
@@ -34,7 +38,12 @@ FLAGS = flags.FLAGS
 
 REQUIRED_COLUMNS = ('epoch', 'train_loss', 'eval_top1', 'eval_top5', 'epoch_time')
 SUMMARY_FIELDS = ('label', 'epochs', 'final_top1', 'final_top5', 'best_top1', 'best_epoch',
-                  'mean_last_k_top1', 'wall_time_s')
+                  'mean_last_k_top1', 'mean_last_k_loss', 'wall_time_s')
+DEFAULT_PANELS = ('train_loss', 'eval_top1')
+_AXIS_LABELS = {'train_loss': 'training loss (epoch mean)', 'eval_loss': 'test loss',
+                'train_top1': 'training top-1 accuracy', 'train_top5': 'training top-5 accuracy',
+                'eval_top1': 'test top-1 accuracy', 'eval_top5': 'test top-5 accuracy',
+                'lr': 'learning rate'}
 
 
 def define_flags():
@@ -43,6 +52,8 @@ def define_flags():
   flags.DEFINE_string('out', None, 'Output path prefix: writes OUT.png, OUT.md and OUT.csv.')
   flags.DEFINE_integer('last_k', 10, 'Mean eval top-1 over the last k epochs (paper 003: 10).')
   flags.DEFINE_string('title', '', 'Figure title.')
+  flags.DEFINE_list('panels', list(DEFAULT_PANELS), 'metrics.csv columns, one panel each '
+                    '(Fig. 4 of paper 002: train_top5,eval_top5).')
 
 
 def parse_runs(items: Sequence[str]) -> list[tuple[str, str]]:
@@ -95,24 +106,26 @@ def summarize(metrics: Mapping[str, Sequence[float]], last_k: int) -> dict[str, 
   epochs = list(metrics['epoch'])
   best = max(range(len(top1)), key=lambda i: (top1[i], -i))  # first epoch reaching the max
   tail = top1[-last_k:]
+  loss_tail = list(metrics['eval_loss'])[-last_k:] if 'eval_loss' in metrics else [math.nan]
   return {'epochs': int(epochs[-1]),
           'final_top1': top1[-1],
           'final_top5': metrics['eval_top5'][-1],
           'best_top1': top1[best],
           'best_epoch': int(epochs[best]),
           'mean_last_k_top1': sum(tail) / len(tail),
+          'mean_last_k_loss': sum(loss_tail) / len(loss_tail),
           'wall_time_s': float(sum(metrics['epoch_time']))}
 
 
 def markdown_table(summaries: Mapping[str, Mapping[str, float]], last_k: int) -> str:
   """One row per run, in the order given."""
   head = ('| run | epochs | top-1 (final) | top-5 (final) | best top-1 (epoch) | '
-          f'mean top-1, last {last_k} | wall time (s) |')
-  lines = [head, '|' + '---|' * 7]
+          f'mean top-1, last {last_k} | mean test loss, last {last_k} | wall time (s) |')
+  lines = [head, '|' + '---|' * 8]
   for label, s in summaries.items():
     lines.append(f'| {label} | {s["epochs"]} | {s["final_top1"]:.3f} | {s["final_top5"]:.3f} | '
                  f'{s["best_top1"]:.3f} ({s["best_epoch"]}) | {s["mean_last_k_top1"]:.3f} | '
-                 f'{s["wall_time_s"]:.0f} |')
+                 f'{s["mean_last_k_loss"]:.3f} | {s["wall_time_s"]:.0f} |')
   return '\n'.join(lines) + '\n'
 
 
@@ -124,20 +137,32 @@ def write_csv(summaries: Mapping[str, Mapping[str, float]], path: str):
       w.writerow({'label': label, **{k: s[k] for k in SUMMARY_FIELDS[1:]}})
 
 
-def plot(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str, title: str = ''):
-  """Train loss and eval top-1 against the epoch, one line per run, to `path` (PNG)."""
+def check_panels(curves: Mapping[str, Mapping[str, Sequence[float]]], panels: Sequence[str]):
+  if not panels:
+    raise ValueError('no panels: name at least one metrics.csv column.')
+  for label, m in curves.items():
+    missing = [p for p in panels if p not in m]
+    if missing:
+      raise ValueError(f'run {label!r} has no numeric column(s) {", ".join(missing)}; '
+                       f'it has {", ".join(sorted(m))}.')
+
+
+def plot(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str, title: str = '',
+         panels: Sequence[str] = DEFAULT_PANELS):
+  """One panel per metrics.csv column in `panels` against the epoch, one line per run (PNG)."""
+  check_panels(curves, panels)
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+  axes = axes[0]
   for label, m in curves.items():
-    axes[0].plot(m['epoch'], m['train_loss'], 'o-', ms=3, label=label)
-    axes[1].plot(m['epoch'], m['eval_top1'], 'o-', ms=3, label=label)
-  axes[0].set_ylabel('training loss (epoch mean)')
-  axes[1].set_ylabel('test top-1 accuracy')
-  for ax in axes:
+    for ax, key in zip(axes, panels):
+      ax.plot(m['epoch'], m[key], 'o-', ms=3, label=label)
+  for ax, key in zip(axes, panels):
+    ax.set_ylabel(_AXIS_LABELS.get(key, key))
     ax.set_xlabel('epoch')
     ax.grid(alpha=0.3)
-  axes[1].legend(fontsize=8)
+  axes[-1].legend(fontsize=8)
   if title:
     fig.suptitle(title)
   fig.tight_layout()
@@ -145,9 +170,11 @@ def plot(curves: Mapping[str, Mapping[str, Sequence[float]]], path: str, title: 
   plt.close(fig)
 
 
-def run(runs: Sequence[tuple[str, str]], out: str, last_k: int = 10, title: str = '') -> str:
+def run(runs: Sequence[tuple[str, str]], out: str, last_k: int = 10, title: str = '',
+        panels: Sequence[str] = DEFAULT_PANELS) -> str:
   """Reads every run, writes OUT.png/.md/.csv and returns the markdown table."""
   curves = {label: read_metrics(workdir) for label, workdir in runs}
+  check_panels(curves, panels)
   summaries = {label: summarize(m, last_k) for label, m in curves.items()}
   parent = os.path.dirname(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)
@@ -155,7 +182,7 @@ def run(runs: Sequence[tuple[str, str]], out: str, last_k: int = 10, title: str 
   with open(out + '.md', 'w') as f:
     f.write(table)
   write_csv(summaries, out + '.csv')
-  plot(curves, out + '.png', title)
+  plot(curves, out + '.png', title, panels)
   return table
 
 
@@ -172,7 +199,7 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
-  table = run(runs, FLAGS.out, FLAGS.last_k, FLAGS.title)
+  table = run(runs, FLAGS.out, FLAGS.last_k, FLAGS.title, FLAGS.panels)
   print(table, end='')
   print(f'wrote {FLAGS.out}.png, {FLAGS.out}.md, {FLAGS.out}.csv')
 

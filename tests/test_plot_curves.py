@@ -48,8 +48,9 @@ def test_table_numbers_and_png(tmp_path):
   assert len(lines) == 4
   # Independently: A final 0.45/0.9, best 0.5 at epoch 2, mean of last 2 (0.4+0.45)/2=0.425,
   # time 30.5+10.25+10+9.75=60.5; B best 0.3 first reached at epoch 2, mean (0.3+0.3)/2, 81 s.
-  assert lines[2] == '| SP | 4 | 0.450 | 0.900 | 0.500 (2) | 0.425 | 60 |'
-  assert lines[3] == '| GmP+IMN | 3 | 0.300 | 0.750 | 0.300 (2) | 0.300 | 81 |'
+  # Eval loss is 2 * train loss: A's last two 2.4, 2.2 -> 2.3; B's 3.8, 3.6 -> 3.7.
+  assert lines[2] == '| SP | 4 | 0.450 | 0.900 | 0.500 (2) | 0.425 | 2.300 | 60 |'
+  assert lines[3] == '| GmP+IMN | 3 | 0.300 | 0.750 | 0.300 (2) | 0.300 | 3.700 | 81 |'
   with open(out + '.csv', newline='') as f:
     rows = list(csv.DictReader(f))
   assert [r['label'] for r in rows] == ['SP', 'GmP+IMN']
@@ -57,6 +58,16 @@ def test_table_numbers_and_png(tmp_path):
   assert float(rows[0]['wall_time_s']) == pytest.approx(60.5)
   assert float(rows[1]['final_top5']) == pytest.approx(0.75)
   assert int(rows[1]['epochs']) == 3
+
+
+def test_other_panels_and_unknown_panel(tmp_path):
+  _write_run(tmp_path / 'a', **A)
+  out = str(tmp_path / 'fig4')
+  pc.run([('SP', str(tmp_path / 'a'))], out, last_k=1, panels=['train_top5', 'eval_top5', 'lr'])
+  assert os.path.getsize(out + '.png') > 1000
+  with pytest.raises(ValueError, match="'SP' has no numeric column.*stop"):
+    pc.run([('SP', str(tmp_path / 'a'))], str(tmp_path / 'x'), panels=['eval_top5', 'stop'])
+  assert not os.path.exists(tmp_path / 'x.md')
 
 
 def test_summarize_last_k_longer_than_the_run_averages_all_epochs(tmp_path):
