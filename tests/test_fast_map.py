@@ -1,4 +1,4 @@
-"""The fast theta -> u map (custom VJP, blocked / associative scans) against plain references."""
+"""The fast theta -> u map (custom VJP, sequential / associative scans) against plain references."""
 
 import functools
 
@@ -76,10 +76,64 @@ def test_fast_map_vjp_passes_finite_differences(scheme):
 def test_batched_equals_vmapped_single_neuron():
   rng = np.random.default_rng(1)
   theta = jnp.asarray(rng.uniform(-1, 4, size=(33, 5)), jnp.float32)
-  np.testing.assert_array_equal(hs.to_cartesian_batched(theta),
-                                jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1)(theta))
+  # Both compiled: eager op-by-op evaluation may round differently (no fused multiply-add).
+  np.testing.assert_array_equal(jax.jit(hs.to_cartesian_batched)(theta),
+                                jax.jit(jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1))(theta))
 
 
 def test_unknown_scheme_is_a_clear_error():
   with pytest.raises(ValueError, match='scheme must be one of'):
     hs.to_cartesian_batched(jnp.zeros((3, 2)), scheme='cumprod')
+
+
+def _ulps(got, exact):
+  """Error of float32 `got` in units of the float32 spacing at the exact (float64) value."""
+  return np.abs(got - exact) / np.spacing(np.abs(exact.astype(np.float32)))
+
+
+@pytest.mark.parametrize('bound', [4.0, 125.0, 8192.0])
+def test_sincos_is_within_few_ulps_of_float64(bound):
+  rng = np.random.default_rng(int(bound))
+  k = np.arange(-int(bound / (np.pi / 2)), int(bound / (np.pi / 2)) + 1)
+  near = [(k * np.pi / 2).astype(np.float32)]  # near the zeros of sin and cos
+  for _ in range(8):
+    near.append(np.nextafter(near[-1], np.float32(np.inf)))
+  x = np.concatenate(near + [rng.uniform(-bound, bound, 200_000).astype(np.float32)])
+  x = x[(np.abs(x) <= bound) & (np.abs(x) > 1e-30)]  # CPU flushes subnormals to zero
+  s, c = map(np.asarray, jax.jit(hs.sincos)(jnp.asarray(x)))
+  x64 = x.astype(np.float64)
+  assert s.dtype == c.dtype == np.float32
+  assert np.max(_ulps(s, np.sin(x64))) <= 2.5
+  assert np.max(_ulps(c, np.cos(x64))) <= 2.5
+
+
+def test_sincos_falls_back_outside_its_range_and_propagates_nan():
+  x = jnp.asarray([0.5, 1e5, -3.0], jnp.float32)  # one large angle: the whole array falls back
+  s, c = hs.sincos(x)
+  np.testing.assert_array_equal(s, jnp.sin(x))
+  np.testing.assert_array_equal(c, jnp.cos(x))
+  s, c = hs.sincos(jnp.asarray([np.nan, np.inf, -np.inf, 1.0], jnp.float32))
+  assert np.all(np.isnan(s[:3])) and np.all(np.isnan(c[:3]))
+  np.testing.assert_allclose([s[3], c[3]], [np.sin(1.0), np.cos(1.0)], rtol=2e-7)
+  with jax.enable_x64(True):
+    x64 = jnp.linspace(-10, 10, 101, dtype=jnp.float64)
+    s, c = hs.sincos(x64)
+    assert s.dtype == jnp.float64
+    np.testing.assert_array_equal(s, jnp.sin(x64))
+    np.testing.assert_array_equal(c, jnp.cos(x64))
+
+
+def test_sincos_under_vmap_matches_the_batched_call():
+  x = jnp.asarray(np.random.default_rng(3).uniform(-9, 9, size=(7, 4)), jnp.float32)
+  batched = jax.jit(hs.sincos)(x)
+  mapped = jax.jit(jax.vmap(hs.sincos, in_axes=1, out_axes=1))(x)
+  for a, b in zip(batched, mapped):
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-7)
+
+
+def test_fast_map_with_angles_beyond_the_polynomial_range_equals_reference():
+  theta = jnp.asarray(np.random.default_rng(4).uniform(0, 3, size=(20, 3)), jnp.float32)
+  theta = theta.at[5, 1].set(1e4 + 0.3)  # far outside [0, 2 pi): the jnp.sin/cos path
+  fast, ref, grad_fast, grad_ref = _value_and_grads(theta, jnp.ones((21, 3)), None)
+  np.testing.assert_allclose(fast, ref, rtol=2e-6, atol=2e-6)
+  np.testing.assert_allclose(grad_fast, grad_ref, rtol=0, atol=5e-6 * float(np.max(np.abs(grad_ref))))
