@@ -137,6 +137,56 @@ def sincos(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jax.lax.cond(in_range, _sincos_poly, lambda v: (jnp.sin(v), jnp.cos(v)), x)
 
 
+def _jnp_sincos(x):
+  return jnp.sin(x), jnp.cos(x)
+
+
+def _with_sincos(theta, fn):
+  """`fn(sincos_fn)`, with the polynomial `sincos` when it applies to ALL of `theta` (see `sincos`).
+
+  For code that evaluates sin/cos row by row inside a scan: the range test runs
+  once on the whole array and picks the branch.
+  """
+  if theta.dtype != jnp.float32 or jax.default_backend() != 'cpu':
+    return fn(_jnp_sincos)
+  in_range = jnp.max(jnp.abs(theta)) <= _SINCOS_BOUND
+  return jax.lax.cond(in_range, lambda: fn(_sincos_poly), lambda: fn(_jnp_sincos))
+
+
+def _sequential_fwd(theta):
+  """u(theta) by one scan over the n - 1 angles (rows), sin/cos computed row by row."""
+
+  def run(sincos_fn):
+    def step(p, t):
+      s, c = sincos_fn(t)
+      return p * s, p * c
+
+    p_last, head = jax.lax.scan(step, jnp.ones_like(theta[0]), theta)
+    return jnp.concatenate([head, p_last[None]])
+
+  return _with_sincos(theta, run)
+
+
+def _sequential_bwd(theta, g):
+  """dL/dtheta from two scans; no (n, ...) array besides the prefix products is kept."""
+
+  def run(sincos_fn):
+    def prefix_step(p, t):  # emits P_excl_k = prod_{j<k} s_j
+      return p * sincos_fn(t)[0], p
+
+    _, p_excl = jax.lax.scan(prefix_step, jnp.ones_like(theta[0]), theta)
+
+    def grad_step(r, x):  # carry R_k (see _unit_vector_bwd); emits dL/dtheta_k, passes R_{k-1}
+      t, g_k, p = x
+      s, c = sincos_fn(t)
+      return g_k * c + s * r, p * (c * r - s * g_k)
+
+    _, d_theta = jax.lax.scan(grad_step, g[-1], (theta, g[:-1], p_excl), reverse=True)
+    return d_theta
+
+  return _with_sincos(theta, run)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _unit_vector(theta, scheme):
   return _unit_vector_fwd(theta, scheme)[0]
@@ -149,11 +199,14 @@ def _exclusive_sin_products(s, scheme):
 
 
 def _unit_vector_fwd(theta, scheme):
+  if scheme == 'sequential':
+    # The only residual is theta itself (a parameter, alive anyway): the backward
+    # recomputes sin/cos row by row, so a step holds no extra (n, ...) arrays for it.
+    return _sequential_fwd(theta), theta
   s, c = sincos(theta)
   p_excl, p_last = _exclusive_sin_products(s, scheme)
   u = jnp.concatenate([p_excl * c, p_last])  # (n, ...)
-  # Residuals are sin and cos only; the backward recomputes the (cheap) prefix product,
-  # keeping the step's memory close to a plain layer's.
+  # Residuals are sin and cos only; the backward recomputes the (cheap) prefix product.
   return u, (s, c)
 
 
@@ -161,6 +214,8 @@ def _unit_vector_bwd(scheme, res, g):
   # u_k = P_{k-1} c_k (k < n), u_n = P_{n-1}, P_k = prod_{j<=k} s_j. Division-free:
   # dL/dtheta_k = P_{k-1} (c_k R_k - s_k g_k), R_k = sum_{i>k} g_i c_i prod_{k<j<i} s_j
   # (c_n := 1), i.e. R_k = g_{k+1} c_{k+1} + s_{k+1} R_{k+1}, R_{n-1} = g_n.
+  if scheme == 'sequential':
+    return (_sequential_bwd(res, g),)
   s, c = res
   p_excl, _ = _exclusive_sin_products(s, scheme)
   gc = jnp.concatenate([g[1:-1] * c[1:], g[-1:]])  # a_k = g_{k+1} c_{k+1}, last: g_n
