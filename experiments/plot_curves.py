@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import sys
 from typing import Mapping, Sequence
 
 from absl import app
@@ -199,7 +200,10 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
-  table = run(runs, FLAGS.out, FLAGS.last_k, FLAGS.title, FLAGS.panels)
+  try:
+    table = run(runs, FLAGS.out, FLAGS.last_k, FLAGS.title, FLAGS.panels)
+  except (FileNotFoundError, ValueError) as e:
+    sys.exit(f'plot_curves: {e}')
   print(table, end='')
   print(f'wrote {FLAGS.out}.png, {FLAGS.out}.md, {FLAGS.out}.csv')
 

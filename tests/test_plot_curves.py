@@ -2,11 +2,14 @@
 
 import csv
 import os
+import subprocess
+import sys
 
 import pytest
 
 from experiments import plot_curves as pc
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FIELDS = ('epoch', 'step', 'lr', 'train_loss', 'train_top1', 'train_top5', 'eval_loss',
            'eval_top1', 'eval_top5', 'next_lr', 'best_epoch', 'stop', 'epoch_time',
            'train_images_per_s')
@@ -104,11 +107,17 @@ def test_parse_runs():
     pc.parse_runs(['SP=/a', 'SP=/b'])
 
 
+def test_main_reports_a_missing_run_without_a_traceback(tmp_path):
+  out = subprocess.run([sys.executable, '-m', 'experiments.plot_curves',
+                        f'--runs=A={tmp_path / "gone"}', f'--out={tmp_path / "o"}'],
+                       capture_output=True, text=True, cwd=_ROOT)
+  assert out.returncode == 1
+  assert out.stderr.strip() == f"plot_curves: run directory '{tmp_path / 'gone'}' does not exist."
+
+
 def test_import_does_not_choose_a_matplotlib_backend():
-  import subprocess
-  import sys
   code = ('import sys; import experiments.plot_curves; '
           'print("matplotlib" in sys.modules)')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       cwd=_ROOT)
   assert out.stdout.strip() == 'False'
