@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['project', 'coordinates', 'basis']
+__all__ = ['project', 'project_batched', 'coordinates', 'basis']
 
 
 def _as_float(x: jax.Array) -> jax.Array:
@@ -48,11 +48,27 @@ def project(v: jax.Array) -> jax.Array:
   if v.ndim != 1 or v.shape[0] < 1:
     raise ValueError(
         f'project expects v of shape (m - 1,) with m >= 2, got shape {v.shape}; '
-        'a size-0 v (m = 1) has no nonzero zero-sum vector; vmap over units for a batch.')
+        'a size-0 v (m = 1) has no nonzero zero-sum vector; use project_batched '
+        '(or vmap) for several units.')
+  return project_batched(v)
+
+
+def project_batched(v: jax.Array) -> jax.Array:
+  """`project` of every column: v `(m - 1, *batch)` -> w `(m, *batch)`.
+
+  Equal to `project` vmapped over the trailing axes (what the LCW layers use,
+  with `batch = (features,)`), but without moving the unit axis: a vmap with
+  `in_axes=1` makes XLA build the kernel transposed and copy it (measured ~15%
+  of a Dense 1024 step on CPU).
+  """
+  v = _as_float(v)
+  if v.ndim < 1 or v.shape[0] < 1:
+    raise ValueError(f'project_batched expects v of shape (m - 1, ...) with m >= 2, '
+                     f'got shape {v.shape}.')
   m = v.shape[0] + 1
   sqrt_m = math.sqrt(m)
-  total = jnp.sum(v)
-  first = (-total / sqrt_m)[None]
+  total = jnp.sum(v, axis=0, keepdims=True)
+  first = -total / sqrt_m
   rest = v - total / (m + sqrt_m)
   return jnp.concatenate([first, rest]).astype(v.dtype)
 

@@ -43,7 +43,7 @@ def kernel_from_v(v: Array, kernel_shape: Sequence[int] | None = None) -> Array:
     kernel of shape `(fan_in, features)` or `kernel_shape`; each column (unit)
     sums to zero and has the norm of the matching column of `v`.
   """
-  kernel = jax.vmap(lcw.project, in_axes=1, out_axes=1)(v)
+  kernel = lcw.project_batched(v)
   if kernel_shape is not None:
     kernel = kernel.reshape(kernel_shape)
   return kernel

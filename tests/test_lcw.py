@@ -118,3 +118,20 @@ def test_basis_bad_m(m):
 def test_coordinates_bad_shape():
   with pytest.raises(ValueError, match='m >= 2'):
     lcw.coordinates(jnp.zeros((1,)))
+
+
+@pytest.mark.parametrize('m', [2, 3, 17, 1024])
+def test_project_batched_equals_explicit_basis_and_vmapped_project(m):
+  with jax.enable_x64(True):
+    v = np.random.default_rng(m).normal(size=(m - 1, 5, 2))
+    w = np.asarray(lcw.project_batched(jnp.asarray(v)))
+    np.testing.assert_allclose(w, np.einsum('ij,jkl->ikl', np.asarray(lcw.basis(m, jnp.float64)), v),
+                               atol=1e-12)
+    vmapped = jax.vmap(jax.vmap(lcw.project, in_axes=1, out_axes=1), in_axes=2, out_axes=2)
+    np.testing.assert_allclose(w, vmapped(jnp.asarray(v)), atol=1e-13)
+    np.testing.assert_allclose(w.sum(axis=0), 0.0, atol=1e-12)
+
+
+def test_project_batched_bad_shape():
+  with pytest.raises(ValueError, match='m >= 2'):
+    lcw.project_batched(jnp.zeros((0, 3)))
