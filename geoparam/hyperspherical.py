@@ -1,7 +1,9 @@
 """Hyperspherical coordinates of paper 002 (eq. 10): the theta -> u(theta) map.
 
-All functions act on ONE neuron (a single direction); layers vmap them over
-neurons. They are pure, jit/vmap/grad friendly and keep the input dtype.
+`to_cartesian` and the other chart functions act on ONE neuron (a single
+direction); `to_cartesian_batched` maps a whole `(n - 1, features)` block at
+once (what the layers use). All are pure, jit/vmap/grad friendly and keep the
+input dtype.
 
 Conventions (n = fan-in, theta has n - 1 angles)::
 
@@ -93,8 +95,9 @@ def suffix_affine(a: jax.Array, b: jax.Array, scheme: str | None = None) -> jax.
   return jax.lax.scan(step, jnp.zeros_like(a[0]), (a, b), reverse=True)[1]
 
 
-# Cody-Waite split of pi/2 (SLEEF's float32 pi split, halved): k * each part is exact for the
-# k = round(x 2/pi) of |x| <= _SINCOS_BOUND, so the reduced angle keeps float32 accuracy.
+# Cody-Waite split of pi/2 (SLEEF's float32 pi split, halved). The first three parts have 8-9
+# significant bits, so k * part is exact for every k = round(x 2/pi) with |x| <= _SINCOS_BOUND;
+# the last part's rounding is far below float32 resolution of the reduced angle.
 _PIO2_PARTS = (1.5703125, 4.8351287841796875e-4, 3.13855707645416259765625e-7,
                6.077100628276710381e-11)
 _SIN_COEFFS = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)  # Cephes sinf, |r| <= pi/4
@@ -118,7 +121,51 @@ def _sincos_poly(x):
   odd = (q & 1) == 1
   sin_x = jnp.where(odd, cos_r, sin_r)
   cos_x = jnp.where(odd, sin_r, cos_r)
-  return jnp.where((q & 2) == 2, -sin_x, sin_x), jnp.where(((q + 1) & 2) == 2, -cos_x, cos_x)
+  sin_x = jnp.where((q & 2) == 2, -sin_x, sin_x)
+  sin_x = jnp.where(x == 0, x, sin_x)  # sin(-0.0) = -0.0, as jnp.sin
+  return sin_x, jnp.where(((q + 1) & 2) == 2, -cos_x, cos_x)
+
+
+def _jnp_sincos(x):
+  return jnp.sin(x), jnp.cos(x)
+
+
+@jax.custom_batching.custom_vmap
+def _poly_applies(x):
+  """Whether the polynomial covers all of `x` (every `|x| <= 8192`; False with NaN)."""
+  return jnp.max(jnp.abs(x)) <= _SINCOS_BOUND
+
+
+@_poly_applies.def_vmap
+def _poly_applies_vmap(axis_size, in_batched, x):
+  # One decision for the whole batch: a batched predicate would turn the `lax.cond` below
+  # into a select that runs both branches (measured 10x slower under vmap).
+  del axis_size, in_batched
+  return _poly_applies(x), False
+
+
+def _with_sincos(x, fn):
+  """`fn(sincos_fn)` with the polynomial sincos when it applies to ALL of `x`, else jnp's.
+
+  The range test runs once on the whole array (also under vmap), so code that
+  evaluates sin/cos piecewise, e.g. row by row inside a scan, picks one branch.
+  """
+  if x.dtype != jnp.float32 or jax.default_backend() != 'cpu' or x.size == 0:
+    return fn(_jnp_sincos)
+  applies = _poly_applies(jax.lax.stop_gradient(x))
+  return jax.lax.cond(applies, lambda: fn(_sincos_poly), lambda: fn(_jnp_sincos))
+
+
+@jax.custom_jvp
+def _sincos(x):
+  return _with_sincos(x, lambda sincos_fn: sincos_fn(x))
+
+
+@_sincos.defjvp
+def _sincos_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  s, c = _sincos(x)
+  return (s, c), (c * dx, -s * dx)
 
 
 def sincos(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -128,29 +175,9 @@ def sincos(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   polynomials (within 2.5 ulp of the exact value, measured; NaN/inf -> NaN):
   XLA's CPU `sin`/`cos` cost ~15x more and are evaluated in separate passes.
   Arrays with some `|x| > 8192` (or NaN), other dtypes and other backends use
-  `jnp.sin`/`jnp.cos`.
+  `jnp.sin`/`jnp.cos`. Differentiable (`d sin = cos dx`, `d cos = -sin dx`).
   """
-  x = jnp.asarray(x)
-  if x.dtype != jnp.float32 or jax.default_backend() != 'cpu' or x.size == 0:
-    return jnp.sin(x), jnp.cos(x)
-  in_range = jnp.max(jnp.abs(x)) <= _SINCOS_BOUND  # False for NaN
-  return jax.lax.cond(in_range, _sincos_poly, lambda v: (jnp.sin(v), jnp.cos(v)), x)
-
-
-def _jnp_sincos(x):
-  return jnp.sin(x), jnp.cos(x)
-
-
-def _with_sincos(theta, fn):
-  """`fn(sincos_fn)`, with the polynomial `sincos` when it applies to ALL of `theta` (see `sincos`).
-
-  For code that evaluates sin/cos row by row inside a scan: the range test runs
-  once on the whole array and picks the branch.
-  """
-  if theta.dtype != jnp.float32 or jax.default_backend() != 'cpu':
-    return fn(_jnp_sincos)
-  in_range = jnp.max(jnp.abs(theta)) <= _SINCOS_BOUND
-  return jax.lax.cond(in_range, lambda: fn(_sincos_poly), lambda: fn(_jnp_sincos))
+  return _sincos(jnp.asarray(x))
 
 
 def _sequential_fwd(theta):

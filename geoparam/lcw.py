@@ -12,8 +12,9 @@ to `(0, v)` gives, in O(m) and without forming `B_m`::
 
 `H` is symmetric, so the transpose is as cheap: `coordinates(w) = B_m^T w`.
 
-All functions act on ONE unit (one weight vector); layers vmap them over units.
-They are pure, linear, jit/vmap/grad friendly and keep the input dtype.
+`project`, `coordinates` act on ONE unit (one weight vector); `project_batched`
+maps a whole `(m - 1, features)` block (what the layers use). All are pure,
+linear, jit/vmap/grad friendly and keep the input dtype.
 """
 
 from __future__ import annotations

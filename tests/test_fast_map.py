@@ -137,3 +137,19 @@ def test_fast_map_with_angles_beyond_the_polynomial_range_equals_reference():
   fast, ref, grad_fast, grad_ref = _value_and_grads(theta, jnp.ones((21, 3)), None)
   np.testing.assert_allclose(fast, ref, rtol=2e-6, atol=2e-6)
   np.testing.assert_allclose(grad_fast, grad_ref, rtol=0, atol=5e-6 * float(np.max(np.abs(grad_ref))))
+
+
+def test_sincos_gradient_keeps_sign_of_zero_and_vmap_keeps_one_branch():
+  x = jnp.asarray(np.random.default_rng(5).uniform(-20, 20, size=(64, 3)), jnp.float32)
+  a, b = jnp.cos(x[:, :1]), jnp.sin(x[:, 1:2])
+  grad = jax.grad(lambda t: jnp.sum(hs.sincos(t)[0] * a + hs.sincos(t)[1] * b))(x)
+  x64 = np.asarray(x, np.float64)
+  np.testing.assert_allclose(grad, np.cos(x64) * np.asarray(a) - np.sin(x64) * np.asarray(b),
+                             rtol=0, atol=5e-7)
+  s, c = hs.sincos(jnp.asarray([-0.0, 0.0], jnp.float32))
+  assert np.signbit(s[0]) and not np.signbit(s[1]) and np.all(c == 1)
+  # Under vmap the range test must stay ONE decision for the whole batch (a cond), not a
+  # per-neuron select that would run XLA's slow sin/cos branch as well.
+  hlo = jax.jit(jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1)).lower(x).compile().as_text()
+  if jax.default_backend() == 'cpu':
+    assert 'conditional' in hlo
