@@ -5,9 +5,9 @@ r"""Train-step cost of geoparam layers against the plain Flax layer, measured in
 For each case: median train-step time (forward, backward, SGD-momentum update
 on the squared error to a fixed random target; jitted, donated, after warm-up)
 of the geoparam layer and of its plain Flax baseline, their ratio (the number
-that matters: these machines are noisy and absolute times drift), compile time, and the compiled step's memory
-(`memory_analysis()`: temporaries + arguments + outputs - aliased, without the
-regression target). The `map` case times the theta -> u map (forward +
+that matters: these machines are noisy and absolute times drift), compile time,
+and the compiled step's memory (`memory_analysis()`: temporaries + arguments +
+outputs - aliased, without the regression target). The `map` case times the theta -> u map (forward +
 backward) against `sin`/`cos` of the same array, its floor, computed with
 `geoparam.hyperspherical.sincos` (and, for reference, with `jnp.sin`/`jnp.cos`).
 `--tiny` shrinks every shape (the test suite runs that).
