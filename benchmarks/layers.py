@@ -7,10 +7,10 @@ on the squared error to a fixed random target; jitted, donated, after warm-up)
 of the geoparam layer and of its plain Flax baseline, their ratio (the number
 that matters: these machines are noisy and absolute times drift), compile time,
 and the compiled step's memory (`memory_analysis()`: temporaries + arguments +
-outputs - aliased, without the regression target). The `map` case times the theta -> u map (forward +
-backward) against `sin`/`cos` of the same array, its floor, computed with
-`geoparam.hyperspherical.sincos` (and, for reference, with `jnp.sin`/`jnp.cos`).
-`--tiny` shrinks every shape (the test suite runs that).
+outputs - aliased, without the regression target). The `map` case times the
+theta -> u map (forward + backward) against `sin`/`cos` of the same array, its
+floor, computed with `geoparam.hyperspherical.sincos` (and, for reference, with
+`jnp.sin`/`jnp.cos`). `--tiny` shrinks every shape (the test suite runs that).
 """
 
 from __future__ import annotations
