@@ -4,10 +4,11 @@ r"""Train-step cost of geoparam layers against the plain Flax layer, measured in
 
 For each case: median train-step time (forward, backward, SGD-momentum update
 on the squared error to a fixed random target; jitted, donated, after warm-up)
-of the geoparam layer and of its plain Flax baseline, their ratio (the number
-that matters: these machines are noisy and absolute times drift), compile time,
-and the compiled step's memory (`memory_analysis()`: temporaries + arguments +
-outputs - aliased, without the regression target). The `map` case times the
+of the geoparam layer and of its plain Flax baseline, timed in alternation, their
+ratio (median over rounds of layer / baseline: the number that matters, these
+machines are noisy and absolute times drift), compile time, and the compiled
+step's memory (`memory_analysis()`: temporaries + arguments + outputs -
+aliased, without the regression target). The `map` case times the
 theta -> u map (forward + backward) against `sin`/`cos` of the same array, its
 floor, computed with `geoparam.hyperspherical.sincos` (and, for reference, with
 `jnp.sin`/`jnp.cos`). `--tiny` shrinks every shape (the test suite runs that).
@@ -16,6 +17,7 @@ floor, computed with `geoparam.hyperspherical.sincos` (and, for reference, with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import platform
 import time
@@ -154,27 +156,52 @@ def _memory(compiled, exclude_bytes: int = 0) -> int | None:
              - m.alias_size_in_bytes - exclude_bytes)
 
 
-def _time(fn, state, batch, repeats):
-  state = fn(state, *batch)  # warm-up
-  jax.block_until_ready(state)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    state = fn(state, *batch)
-    jax.block_until_ready(state)
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+def _interleaved(fns, repeats) -> np.ndarray:
+  """Seconds per call of each thunk in `fns`, shape (len(fns), repeats), timed in turns.
+
+  One call of each thunk per round, after one untimed warm-up call of each:
+  timing the layer and its baseline in alternation, rather than one after the
+  other, keeps the slow drift of a shared machine out of their ratio.
+  """
+  for fn in fns:
+    fn()
+  times = np.zeros((len(fns), repeats))
+  for r in range(repeats):
+    for i, fn in enumerate(fns):
+      t0 = time.perf_counter()
+      fn()
+      times[i, r] = time.perf_counter() - t0
+  return times
+
+
+def _paired_ratio(a: np.ndarray, b: np.ndarray) -> float:
+  """Median over rounds of `a / b` (both timed in the same rounds)."""
+  return float(np.median(a / b))
+
+
+class _Stepper:
+  """A compiled train step and its (donated) state; each call runs one step to completion."""
+
+  def __init__(self, step, state, batch):
+    self.step, self.state, self.batch = step, state, batch
+
+  def __call__(self):
+    self.state = self.step(self.state, *self.batch)
+    jax.block_until_ready(self.state)
 
 
 def run_case(case: Case, tiny: bool, repeats: int) -> dict[str, Any]:
   x = jax.random.normal(jax.random.key(1), case.shape(tiny), jnp.float32)
   row = {'case': case.name, 'shape': list(x.shape), 'target_ratio': case.target}
+  steppers = []
   for role, make in (('layer', case.make), ('baseline', case.baseline)):
     step, state, batch, compile_s, mem = _train_step(make(tiny), x)
-    row[f'{role}_ms'] = 1e3 * _time(step, state, batch, repeats)
+    steppers.append(_Stepper(step, state, batch))
     row[f'{role}_compile_s'] = compile_s
     row[f'{role}_bytes'] = mem
-  row['ratio'] = row['layer_ms'] / row['baseline_ms']
+  layer_s, base_s = _interleaved(steppers, repeats)
+  row.update(layer_ms=1e3 * float(np.median(layer_s)), baseline_ms=1e3 * float(np.median(base_s)),
+             ratio=_paired_ratio(layer_s, base_s))
   if row['layer_bytes'] and row['baseline_bytes']:
     row['memory_ratio'] = row['layer_bytes'] / row['baseline_bytes']
   return row
@@ -203,20 +230,14 @@ def run_map(tiny: bool, repeats: int) -> dict[str, Any]:
   fast = grad_of(hyperspherical.to_cartesian_batched)
   plain = grad_of(hyperspherical.to_cartesian_reference)
 
-  def timed(f):
-    f(theta).block_until_ready()
-    ts = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      f(theta).block_until_ready()
-      ts.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(ts))
-
-  row = {'case': 'map', 'shape': [n - 1, m], 'target_ratio': 2.5,
-         'layer_ms': timed(fast), 'baseline_ms': timed(floor), 'jnp_floor_ms': timed(jnp_floor),
-         'cumprod_ms': timed(plain)}
-  row['ratio'] = row['layer_ms'] / row['baseline_ms']
-  row['ratio_to_jnp_floor'] = row['layer_ms'] / row['jnp_floor_ms']
+  names = ('layer', 'cumprod', 'jnp_floor', 'baseline')
+  thunks = [functools.partial(lambda f: f(theta).block_until_ready(), f)
+            for f in (fast, plain, jnp_floor, floor)]
+  times = dict(zip(names, _interleaved(thunks, repeats)))
+  row = {'case': 'map', 'shape': [n - 1, m], 'target_ratio': 2.5}
+  row.update({f'{k}_ms': 1e3 * float(np.median(t)) for k, t in times.items()})
+  row['ratio'] = _paired_ratio(times['layer'], times['baseline'])
+  row['ratio_to_jnp_floor'] = _paired_ratio(times['layer'], times['jnp_floor'])
   return row
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks import layers
@@ -14,6 +15,7 @@ def test_benchmark_runs_on_tiny_shapes_and_writes_json(tmp_path):
   assert [r['case'] for r in rows] == cases
   for row in rows:
     assert row['layer_ms'] > 0 and row['baseline_ms'] > 0
+    # repeats=1: the median of per-round ratios is the one round's ratio of the medians.
     assert row['ratio'] == pytest.approx(row['layer_ms'] / row['baseline_ms'])
   saved = json.loads(out.read_text())
   assert saved['tiny'] is True and len(saved['rows']) == len(cases)
@@ -23,3 +25,16 @@ def test_every_case_name_is_listed_and_unknown_names_fail():
   assert len(set(layers.CASE_NAMES)) == len(layers.CASE_NAMES)
   with pytest.raises(ValueError, match='accepted'):
     layers.run(['gmp_dense'], tiny=True, repeats=1)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+  layer = np.array([2.0, 9.0, 3.0])  # round 2 hit a slow patch of the machine in both
+  base = np.array([1.0, 6.0, 1.0])
+  assert layers._paired_ratio(layer, base) == pytest.approx(2.0)  # ratios 2, 1.5, 3
+
+
+def test_interleaved_times_every_thunk_in_turns():
+  calls = []
+  times = layers._interleaved([lambda: calls.append('a'), lambda: calls.append('b')], repeats=3)
+  assert times.shape == (2, 3) and (times >= 0).all()
+  assert calls == ['a', 'b'] * 4  # one warm-up round, then 3 timed rounds
