@@ -10,13 +10,16 @@ from benchmarks import layers
 
 def test_benchmark_runs_on_tiny_shapes_and_writes_json(tmp_path):
   out = tmp_path / 'bench.json'
-  cases = ['gmp_dense_b256', 'gmp_imn_dense_b1024', 'gmp_conv_128c_32px', 'lcw_dense_b1024', 'map']
+  cases = ['gmp_dense_b256', 'gmp_imn_dense_b1024', 'gmp_conv_128c_32px', 'lcw_dense_b1024', 'map',
+           'map_4608x512']
   rows = layers.run(cases, tiny=True, repeats=1, out=str(out))
   assert [r['case'] for r in rows] == cases
   for row in rows:
     assert row['layer_ms'] > 0 and row['baseline_ms'] > 0
     # repeats=1: the median of per-round ratios is the one round's ratio of the medians.
     assert row['ratio'] == pytest.approx(row['layer_ms'] / row['baseline_ms'])
+  for row in rows[-2:]:
+    assert row['bare_scans_ms'] > 0 and row['jnp_floor_ms'] > 0 and row['cumprod_ms'] > 0
   saved = json.loads(out.read_text())
   assert saved['tiny'] is True and len(saved['rows']) == len(cases)
 
