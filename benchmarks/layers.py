@@ -214,14 +214,13 @@ def run_case(case: Case, tiny: bool, repeats: int) -> dict[str, Any]:
 def _bare_scans(theta, g):
   """The loop structure of the CPU map with no sin/cos: two forward scans, one reverse.
 
+  Built from the library's own sequential scans (`prefix_product`, `suffix_affine`).
   On GPU/TPU the map uses associative scans instead; there this figure only says
   what the CPU schedule would cost.
   """
-  ones = jnp.ones_like(theta[0])
-  p = jax.lax.scan(lambda c, t: (c * t, c * t), ones, theta)[1]
-  q = jax.lax.scan(lambda c, t: (c * t, c), ones, p)[1]
-  step = lambda r, x: (x[0] + x[1] * r, x[2] * r)
-  return jax.lax.scan(step, g[-1], (theta, g[:-1], q), reverse=True)[1]
+  p = hyperspherical.prefix_product(theta, 'sequential')
+  q = hyperspherical.prefix_product(p, 'sequential')
+  return hyperspherical.suffix_affine(g[:-1] * q, theta, 'sequential')
 
 
 def run_map(tiny: bool, repeats: int, name: str = 'map') -> dict[str, Any]:
