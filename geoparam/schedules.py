@@ -11,14 +11,23 @@ Both are `(init, update)` pairs of pure functions over NamedTuple states of
 scalar arrays, so they run inside `jax.lax.scan`, vmap over runs and go into
 checkpoints. Feed `state.lr` to an optimizer built with
 `optax.inject_hyperparams` (see `set_learning_rate`).
+
+The factories check their hyperparameters eagerly: epoch counts (`patience`,
+`cooldown`) must be Python or NumPy integers >= 0 (a bool, float or str raises
+`TypeError`), the real ones finite and in range (`ValueError`). `init` checks
+a concrete rate (finite, > 0) and `update` the metric's shape (one value per
+epoch; shapes are static, so this holds under `jit` too).
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
   'PlateauState',
@@ -65,9 +74,71 @@ class Schedule(NamedTuple):
   update: Callable[..., Any]
 
 
+_INT32_MAX = 2**31 - 1  # counters (wait, cooldown, epoch) are int32
+
+
 def _check_mode(mode):
-  if mode not in _MODES:
+  if not isinstance(mode, str) or mode not in _MODES:
     raise ValueError(f'mode must be one of {_MODES}, got {mode!r}.')
+
+
+def _check_count(name, value):
+  """An epoch count: a Python or NumPy integer in [0, 2**31 - 1] (no bool, float or str)."""
+  if isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value) != 0:
+    index = None
+  else:
+    try:
+      index = operator.index(value)
+    except TypeError:
+      index = None
+  if index is None:
+    raise TypeError(
+        f'{name} must be an int >= 0 (a Python or NumPy integer; not bool, float or str), '
+        f'got {value!r} of type {type(value).__name__}.')
+  if not 0 <= index <= _INT32_MAX:
+    raise ValueError(f'{name} must be an integer in [0, {_INT32_MAX}], got {name} = {index}.')
+
+
+def _check_real(name, value, accepted, ok):
+  """A finite real hyperparameter (int, float or NumPy scalar) for which `ok(value)` holds."""
+  number = None
+  if not isinstance(value, (bool, np.bool_, str, bytes)) and np.ndim(value) == 0:
+    try:
+      number = float(value)
+    except (TypeError, ValueError):
+      number = None
+  if number is None:
+    raise TypeError(
+        f'{name} must be a real number {accepted}, got {value!r} of type {type(value).__name__}.')
+  if not (math.isfinite(number) and ok(number)):
+    raise ValueError(f'{name} must be a finite real number {accepted}, got {name} = {value!r}.')
+
+
+def _check_initial_lr(lr):
+  """`init`'s rate: a real scalar; where concrete (not traced), finite and > 0."""
+  if isinstance(lr, (bool, np.bool_, str, bytes)) or lr is None:
+    raise TypeError(f'lr must be a real number > 0, got {lr!r} of type {type(lr).__name__}.')
+  if jnp.ndim(lr) != 0:
+    raise ValueError(
+        f'lr must be a scalar learning rate (shape ()), got shape {jnp.shape(lr)}; vmap init '
+        'to run several schedules at once.')
+  if isinstance(lr, jax.core.Tracer):
+    return
+  value = float(np.asarray(lr))
+  if not (math.isfinite(value) and value > 0):
+    raise ValueError(f'lr must be a finite learning rate > 0, got lr = {lr!r}.')
+
+
+def _metric(metric, state):
+  """The metric as float32, checked to be one value per schedule (static shapes, jit-safe)."""
+  metric = jnp.asarray(metric, jnp.float32)
+  expected = jnp.shape(state.best)
+  if metric.shape != expected:
+    raise ValueError(
+        f'metric must be one value per epoch with the shape of the state ({expected}; a scalar '
+        f'for a state from init), got metric of shape {metric.shape}. Reduce it to a scalar '
+        'first; to run several schedules at once, vmap init and update.')
+  return metric
 
 
 def _improved(current, best, mode, min_delta):
@@ -94,22 +165,36 @@ def reduce_on_plateau(
   (below for `mode='min'`, above for `'max'`). After `patience` epochs without
   improvement the rate becomes `max(lr * factor, min_lr)` and `cooldown` epochs
   follow in which bad epochs are not counted. A NaN metric never improves.
+
+  Example usage::
+
+    >>> from geoparam import schedules
+    >>> plateau = schedules.reduce_on_plateau(factor=0.5, patience=1)
+    >>> state = plateau.init(0.1)
+    >>> for metric in [1.0, 1.0, 1.0]:
+    ...   state = plateau.update(state, metric)
+    >>> round(float(state.lr), 6)
+    0.025
+    >>> schedules.reduce_on_plateau(patience=2.5)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    TypeError: patience must be an int >= 0 (...), got 2.5 of type float.
   """
   _check_mode(mode)
-  if not 0.0 < factor < 1.0:
-    raise ValueError(f'factor must be in the range (0, 1), got factor = {factor}.')
-  if patience < 0 or cooldown < 0 or min_delta < 0 or min_lr < 0:
-    raise ValueError(
-        f'patience, cooldown, min_delta and min_lr must be >= 0, got {patience}, {cooldown}, '
-        f'{min_delta}, {min_lr}.')
+  _check_real('factor', factor, 'in the range (0, 1)', lambda x: 0.0 < x < 1.0)
+  _check_count('patience', patience)
+  _check_count('cooldown', cooldown)
+  _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
+  _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
   def init(lr) -> PlateauState:
+    _check_initial_lr(lr)
     return PlateauState(
         lr=jnp.asarray(lr, jnp.float32), best=_worst(mode),
         wait=jnp.zeros((), jnp.int32), cooldown_counter=jnp.zeros((), jnp.int32))
 
   def update(state: PlateauState, metric) -> PlateauState:
-    metric = jnp.asarray(metric, jnp.float32)
+    metric = _metric(metric, state)
     in_cooldown = state.cooldown_counter > 0
     cooldown_counter = jnp.where(in_cooldown, state.cooldown_counter - 1, state.cooldown_counter)
     wait = jnp.where(in_cooldown, 0, state.wait)
@@ -135,8 +220,8 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
   `state.stop` is sticky once set. A NaN metric never improves.
   """
   _check_mode(mode)
-  if patience < 0 or min_delta < 0:
-    raise ValueError(f'patience and min_delta must be >= 0, got {patience}, {min_delta}.')
+  _check_count('patience', patience)
+  _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
 
   def init() -> EarlyStoppingState:
     zero = jnp.zeros((), jnp.int32)
@@ -145,7 +230,7 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
         improved=jnp.zeros((), bool), stop=jnp.zeros((), bool))
 
   def update(state: EarlyStoppingState, metric) -> EarlyStoppingState:
-    metric = jnp.asarray(metric, jnp.float32)
+    metric = _metric(metric, state)
     better = _improved(metric, state.best, mode, min_delta) & ~state.stop
     wait = jnp.where(better, 0, state.wait + 1)
     stop = state.stop | ((~better) & (wait >= patience) & (state.epoch > 0))
@@ -179,12 +264,11 @@ def per_epoch_decay(factor: float = 0.95, min_lr: float = 1e-3) -> Schedule:
   After `e` updates the rate is `max(lr0 * factor**e, min_lr)`; an initial
   rate below `min_lr` is left as it is.
   """
-  if not 0.0 < factor <= 1.0:
-    raise ValueError(f'factor must be in the range (0, 1], got factor = {factor}.')
-  if min_lr < 0:
-    raise ValueError(f'min_lr must be >= 0, got {min_lr}.')
+  _check_real('factor', factor, 'in the range (0, 1]', lambda x: 0.0 < x <= 1.0)
+  _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
   def init(lr) -> DecayState:
+    _check_initial_lr(lr)
     return DecayState(lr=jnp.asarray(lr, jnp.float32), epoch=jnp.zeros((), jnp.int32))
 
   def update(state: DecayState, metric=None) -> DecayState:

@@ -266,3 +266,105 @@ def test_per_epoch_decay():
   np.testing.assert_allclose(lrs, [max(0.5 ** e, 0.1) for e in range(1, 7)], rtol=1e-6)
   with pytest.raises(ValueError):
     schedules.per_epoch_decay(factor=0.0)
+
+
+# --- bad input: types, non-finite values, shapes ----------------------------------------------
+
+
+@pytest.mark.parametrize('make,kwargs', [
+    (schedules.early_stopping, dict(patience='5')),
+    (schedules.early_stopping, dict(patience=2.5)),
+    (schedules.early_stopping, dict(patience=3.0)),
+    (schedules.early_stopping, dict(patience=True)),
+    (schedules.reduce_on_plateau, dict(patience=2.5)),
+    (schedules.reduce_on_plateau, dict(patience=np.float64(2))),
+    (schedules.reduce_on_plateau, dict(patience=[3])),
+    (schedules.reduce_on_plateau, dict(cooldown=1.5)),
+    (schedules.reduce_on_plateau, dict(cooldown=False)),
+])
+def test_epoch_counts_must_be_ints(make, kwargs):
+  # Old code: patience=2.5 acted as 3, '5' gave "'<' not supported between 'str' and 'int'".
+  (name,) = kwargs
+  with pytest.raises(TypeError, match=f'{name} must be an int >= 0 .*not bool, float or str'):
+    make(**kwargs)
+
+
+def test_epoch_counts_accept_numpy_integers_and_bound_int32():
+  metrics = [3.0, 3.0, 3.0, 3.0]
+  lrs = {}
+  for patience in (2, np.int64(2), np.int32(2)):
+    sched = schedules.reduce_on_plateau(factor=0.5, patience=patience, cooldown=np.int8(1))
+    state = sched.init(1.0)
+    for m in metrics:
+      state = sched.update(state, m)
+    lrs[type(patience).__name__] = float(state.lr)
+  assert set(lrs.values()) == {0.5}, lrs
+  with pytest.raises(ValueError, match=r'patience must be an integer in \[0, 2147483647\]'):
+    schedules.early_stopping(patience=2**31)  # old code: OverflowError at the first update
+
+
+@pytest.mark.parametrize('make,kwargs,match', [
+    (schedules.reduce_on_plateau, dict(min_delta=math.nan), 'min_delta must be a finite'),
+    (schedules.reduce_on_plateau, dict(min_delta=math.inf), 'min_delta must be a finite'),
+    (schedules.reduce_on_plateau, dict(min_lr=math.nan), 'min_lr must be a finite'),
+    (schedules.reduce_on_plateau, dict(factor=math.nan), 'factor must be a finite'),
+    (schedules.early_stopping, dict(min_delta=math.nan), 'min_delta must be a finite'),
+    (schedules.per_epoch_decay, dict(min_lr=math.nan), 'min_lr must be a finite'),
+    (schedules.early_stopping, dict(mode=None), r"mode must be one of \('min', 'max'\)"),
+])
+def test_real_hyperparameters_must_be_finite(make, kwargs, match):
+  # Old code accepted NaN min_delta / min_lr (nan < 0 is False): nothing ever improved, or the
+  # rate became NaN.
+  with pytest.raises(ValueError, match=match):
+    make(**kwargs)
+
+
+@pytest.mark.parametrize('make,kwargs', [
+    (schedules.reduce_on_plateau, dict(factor='0.5')),
+    (schedules.reduce_on_plateau, dict(min_delta=True)),
+    (schedules.per_epoch_decay, dict(factor=None)),
+])
+def test_real_hyperparameters_must_be_numbers(make, kwargs):
+  (name,) = kwargs
+  with pytest.raises(TypeError, match=f'{name} must be a real number'):
+    make(**kwargs)
+
+
+@pytest.mark.parametrize('lr,error,match', [
+    (0.0, ValueError, 'lr must be a finite learning rate > 0, got lr = 0.0'),
+    (-0.1, ValueError, 'lr must be a finite learning rate > 0'),
+    (math.nan, ValueError, 'lr must be a finite learning rate > 0'),
+    (math.inf, ValueError, 'lr must be a finite learning rate > 0'),
+    (np.ones(2, np.float32), ValueError, r'lr must be a scalar learning rate \(shape \(\)\), got '
+                                         r'shape \(2,\)'),
+    ('0.1', TypeError, 'lr must be a real number > 0'),
+])
+def test_init_rejects_bad_learning_rates(lr, error, match):
+  for sched in (schedules.reduce_on_plateau(), schedules.per_epoch_decay()):
+    with pytest.raises(error, match=match):
+      sched.init(lr)
+
+
+def test_init_accepts_traced_learning_rates():
+  sched = schedules.reduce_on_plateau(factor=0.5, patience=0)
+  states = jax.jit(jax.vmap(sched.init))(jnp.asarray([0.1, 0.2]))
+  np.testing.assert_allclose(states.lr, [0.1, 0.2], rtol=1e-6)
+
+
+@pytest.mark.parametrize('make,init_args', [(schedules.reduce_on_plateau, (1.0,)),
+                                            (schedules.early_stopping, ())])
+def test_update_rejects_a_non_scalar_metric(make, init_args):
+  # Old code broadcast the scalar state against the metric: a state of shape (3,) came back.
+  sched = make(patience=1)
+  state = sched.init(*init_args)
+  match = r'metric must be one value per epoch .*\(\(\); a scalar.*got metric of shape \(3,\)'
+  with pytest.raises(ValueError, match=match):
+    sched.update(state, jnp.ones(3))
+  with pytest.raises(ValueError, match=match):  # shapes are static: the check works under jit
+    jax.jit(sched.update)(state, jnp.ones(3))
+  with pytest.raises(ValueError, match=r'got metric of shape \(1,\)'):
+    sched.update(state, np.ones(1, np.float32))
+  # Under vmap each member's metric is a scalar inside: still fine.
+  states = jax.vmap(lambda _: sched.init(*init_args))(jnp.arange(3))
+  out = jax.jit(jax.vmap(sched.update))(states, jnp.asarray([1.0, 2.0, 3.0]))
+  np.testing.assert_array_equal(out.best, [1.0, 2.0, 3.0])
