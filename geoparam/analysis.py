@@ -24,6 +24,11 @@ form of its parameterization `kind` (shapes: `n` = fan-in, `m` = features):
   'gmp_imn' GmP with input mean normalization: the 'gmp' dict plus
             {'batch_stats': {'mean': (n,)}} (the running input mean)
 
+Shapes are checked (statically, so under `jit` too): a per-unit entry (bias,
+gain, `lam`, `sign`, BN/MBN statistics) whose shape is not `(m,)`, or an IMN
+mean not of shape `(n,)`, raises `ValueError` naming both shapes; nothing is
+broadcast.
+
 BN and MBN are folded into an effective affine map with the statistics in
 `batch_stats` (running statistics: the evaluation-mode function). To analyse
 the training-mode function, pass the batch's statistics instead (see
@@ -53,10 +58,12 @@ All functions are pure and jit/vmap friendly; inside `lax.scan` use
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import operator
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from geoparam import gmp
 
@@ -107,17 +114,35 @@ def _kernel(kernel) -> jax.Array:
   return kernel
 
 
-def _bias(params, key, kernel) -> jax.Array:
+def _vector(value, name, size, against, kind, dtype) -> jax.Array:
+  """`value` as a `(size,)` array of `dtype`; `against` says which shape fixes `size`."""
+  value = jnp.asarray(value, dtype)
+  if value.shape != (size,):
+    raise ValueError(
+        f'kind={kind!r}: {name} must have shape ({size},) to match {against}, got shape '
+        f'{value.shape}.')
+  return value
+
+
+def _per_feature(value, name, kernel, kind) -> jax.Array:
+  """A per-unit vector `(features,)` checked against the kernel `(fan_in, features)`."""
+  return _vector(value, name, kernel.shape[1], f'the kernel of shape {kernel.shape} '
+                 '(one entry per feature)', kind, kernel.dtype)
+
+
+def _bias(params, key, kernel, kind, name=None) -> jax.Array:
+  _need(params, (), kind)
   if params.get(key) is None:
     return jnp.zeros(kernel.shape[1:], kernel.dtype)
-  return jnp.asarray(params[key], kernel.dtype)
+  return _per_feature(params[key], name or key, kernel, kind)
 
 
-def _weight_norm_kernel(v, g):
+def _weight_norm_kernel(v, g, kind):
   v = _kernel(v)
+  g = _per_feature(g, 'scale', v, kind)
   norm = jnp.sqrt(jnp.sum(v * v, axis=0))
   safe = jnp.where(norm > 0, norm, 1.0)
-  return v * (jnp.asarray(g, v.dtype) / safe)[None, :]
+  return v * (g / safe)[None, :]
 
 
 def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
@@ -136,35 +161,51 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   if kind == 'sp':
     _need(params, ('kernel',), kind)
     w = _kernel(params['kernel'])
-    return w, _bias(params, 'bias', w)
+    return w, _bias(params, 'bias', w, kind)
   if kind == 'wn':
     _need(params, ('kernel', 'scale'), kind)
-    w = _weight_norm_kernel(params['kernel'], params['scale'])
-    return w, _bias(params, 'bias', w)
+    w = _weight_norm_kernel(params['kernel'], params['scale'], kind)
+    return w, _bias(params, 'bias', w, kind)
   if kind == 'wn_mbn':
     _need(params, ('kernel', 'scale', 'batch_stats'), kind)
-    w = _weight_norm_kernel(params['kernel'], params['scale'])
-    shift = _bias(params.get('mbn', {}), 'bias', w)
-    return w, shift - jnp.asarray(params['batch_stats']['mean'], w.dtype)
+    _need(params['batch_stats'], ('mean',), kind)
+    w = _weight_norm_kernel(params['kernel'], params['scale'], kind)
+    shift = _bias(params.get('mbn', {}), 'bias', w, kind, 'mbn/bias')
+    return w, shift - _per_feature(params['batch_stats']['mean'], 'batch_stats/mean', w, kind)
   if kind == 'bn':
     _need(params, ('dense', 'batch_stats'), kind)
     dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
     _need(dense, ('kernel',), kind)
     _need(stats, ('mean', 'var'), kind)
     w = _kernel(dense['kernel'])
-    b = _bias(dense, 'bias', w)
+    b = _bias(dense, 'bias', w, kind, 'dense/bias')
     eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
-    gamma = jnp.ones_like(b) if bn.get('scale') is None else jnp.asarray(bn['scale'], w.dtype)
-    beta = _bias(bn, 'bias', w)
+    if eps.ndim != 0:
+      raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
+    gamma = _bias(bn, 'scale', w, kind, 'bn/scale') if bn.get('scale') is not None else (
+        jnp.ones_like(b))
+    beta = _bias(bn, 'bias', w, kind, 'bn/bias')
+    mean = _per_feature(stats['mean'], 'batch_stats/mean', w, kind)
+    var = _per_feature(stats['var'], 'batch_stats/var', w, kind)
     # gamma (w^T x + b - mean) / sqrt(var + eps) + beta
-    factor = gamma / jnp.sqrt(jnp.asarray(stats['var'], w.dtype) + eps)
-    return w * factor[None, :], factor * (b - jnp.asarray(stats['mean'], w.dtype)) + beta
+    factor = gamma / jnp.sqrt(var + eps)
+    return w * factor[None, :], factor * (b - mean) + beta
   _need(params, ('theta', 'lam'), kind)
-  u = gmp.gmp_kernel(jnp.asarray(params['theta']), params.get('sign'))
-  lam = jnp.asarray(params['lam'], u.dtype)
+  theta = jnp.asarray(params['theta'])
+  sign = params.get('sign')
+  if theta.ndim == 2 and theta.shape[0] == 0 and sign is not None:
+    _vector(sign, 'sign', theta.shape[1], f'theta of shape {theta.shape} (one per feature)',
+            kind, jnp.asarray(sign).dtype)
+  u = gmp.gmp_kernel(theta, sign)
+  lam = _vector(params['lam'], 'lam', u.shape[1],
+                f'theta of shape {theta.shape} (one entry per feature)', kind, u.dtype)
   if kind == 'gmp_imn':
     _need(params, ('batch_stats',), kind)
-    lam = lam - jnp.asarray(params['batch_stats']['mean'], u.dtype) @ u
+    _need(params['batch_stats'], ('mean',), kind)
+    mean = _vector(params['batch_stats']['mean'], 'batch_stats/mean (the running input mean)',
+                   u.shape[0], f'fan_in = {u.shape[0]} of theta of shape {theta.shape}', kind,
+                   u.dtype)
+    lam = lam - mean @ u
   return u, lam
 
 
@@ -209,6 +250,18 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
     the origin; `u[i]^T phi[i] + lam[i] = 0`. In R^1 (`fan_in = 1`) it is the
     characteristic point `-b / w`. Units with a zero weight vector give `+inf`
     in every coordinate.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from geoparam import analysis
+    >>> layer = {'kernel': jnp.array([[2.0, -4.0]]), 'bias': jnp.array([1.0, 1.0])}
+    >>> analysis.boundary_location(layer, 'sp').tolist()
+    [[-0.5], [0.25]]
+    >>> analysis.boundary_location(dict(layer, bias=jnp.ones(3)), 'sp')  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    ValueError: kind='sp': bias must have shape (2,) to match the kernel of shape (1, 2) ...
   """
   u, lam = _direction_distance(params, kind)
   phi = -lam[:, None] * u
@@ -302,6 +355,7 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
   Returns a new dict of the same structure.
   """
   kind = _check_kind(kind)
+  _need(params, (), kind)
   out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in params.items()}
   touched = 0
   for path in _TRAINABLE[kind]:
@@ -346,23 +400,30 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
       `batch_statistics(...)` for the training-mode function).
   """
   kind = _check_kind(kind)
-  p = variables['params']
+  if not isinstance(variables, Mapping):
+    raise TypeError(
+        f"variables must be a dict of collections ({{'params': ..., 'batch_stats': ...}}), got "
+        f'{type(variables).__name__}.')
+  p = _lookup(variables, ('params',), 'variables', kind)
   running = variables.get('batch_stats', {})
   if name not in p:
     raise ValueError(f'no layer {name!r} in params; layers: {sorted(p)}.')
   if kind == 'sp':
     return dict(p[name])
   if kind in ('wn', 'wn_mbn'):
-    out = dict(kernel=p[name]['kernel'], scale=p[f'{name}_wn'][f'{name}/kernel/scale'])
+    out = dict(kernel=_lookup(p, (name, 'kernel'), 'params', kind),
+               scale=_lookup(p, (f'{name}_wn', f'{name}/kernel/scale'), 'params', kind))
     if kind == 'wn':
       out['bias'] = p[name].get('bias')
       return out
-    out['mbn'] = dict(p[f'{name}_mbn'])
-    out['batch_stats'] = batch_stats if batch_stats is not None else running[f'{name}_mbn']
+    out['mbn'] = dict(_lookup(p, (f'{name}_mbn',), 'params', kind))
+    out['batch_stats'] = batch_stats if batch_stats is not None else _lookup(
+        running, (f'{name}_mbn',), 'batch_stats', kind)
     return out
   if kind == 'bn':
-    return dict(dense=dict(p[name]), bn=dict(p[f'{name}_bn']),
-                batch_stats=batch_stats if batch_stats is not None else running[f'{name}_bn'],
+    return dict(dense=dict(p[name]), bn=dict(_lookup(p, (f'{name}_bn',), 'params', kind)),
+                batch_stats=batch_stats if batch_stats is not None else _lookup(
+                    running, (f'{name}_bn',), 'batch_stats', kind),
                 epsilon=bn_epsilon)
   out = dict(p[name])
   if kind == 'gmp_imn':
@@ -374,6 +435,32 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
       batch_stats = imn
     out['batch_stats'] = batch_stats
   return out
+
+
+def _lookup(tree, path, where, kind):
+  """`tree[path[0]][path[1]]...`, or a ValueError naming the missing entry and the keys there."""
+  node = tree
+  for i, key in enumerate(path):
+    if not isinstance(node, Mapping) or key not in node:
+      keys = sorted(node) if isinstance(node, Mapping) else type(node).__name__
+      raise ValueError(
+          f'kind={kind!r} needs {where}[{"][".join(repr(k) for k in path)}], but '
+          f'{where}{"".join(f"[{k!r}]" for k in path[:i])} has no {key!r} (has {keys}); see '
+          'layer_variables for the layer names it expects.')
+    node = node[key]
+  return node
+
+
+def _static_int(name, value) -> int:
+  """A Python or NumPy integer (not bool, float or str) as an int."""
+  if not isinstance(value, (bool, np.bool_)):
+    try:
+      return operator.index(value)
+    except TypeError:
+      pass
+  raise TypeError(
+      f'{name} must be an int (a Python or NumPy integer; not bool, float or str), got '
+      f'{value!r} of type {type(value).__name__}.')
 
 
 class BoundarySnapshot(NamedTuple):
@@ -409,6 +496,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     `max_angle_change`. Everything stays inside one traced scan (jit-able).
   """
   _check_kind(kind)
+  every = _static_int('every', every)
+  length = None if length is None else _static_int('length', length)
   if xs is not None:
     n = jax.tree.leaves(xs)[0].shape[0]
     if length is not None and length != n:

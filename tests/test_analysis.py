@@ -1,5 +1,7 @@
 """Tests for geoparam.analysis: boundaries, folding, angle changes, perturbations, tracking."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -301,3 +303,90 @@ def test_scan_tracked_checks_every():
   with pytest.raises(ValueError, match='divide'):
     analysis.scan_tracked(step, {'kernel': jnp.ones((1, 1))}, length=10, every=3,
                           layer=lambda c: c, kind='sp')
+
+
+# --- bad input: shapes of the per-unit entries, names, static ints -------------------------
+
+
+@pytest.mark.parametrize('fn', [analysis.boundary_location, analysis.boundary_direction,
+                                analysis.boundary_distance, analysis.affine, analysis.snapshot])
+@pytest.mark.parametrize('bias_shape', [(4,), (1,), (), (3, 1)])
+def test_bias_of_the_wrong_length_names_both_shapes(fn, bias_shape):
+  # Old code: (4,) failed deep inside a broadcast; (1,), () and (3, 1) broadcast silently.
+  sp = {'kernel': jnp.ones((2, 3)), 'bias': jnp.ones(bias_shape)}
+  match = (r"kind='sp': bias must have shape \(3,\) to match the kernel of shape \(2, 3\) .*"
+           rf'got shape {re.escape(str(bias_shape))}')
+  with pytest.raises(ValueError, match=match):
+    fn(sp, 'sp')
+  with pytest.raises(ValueError, match=match):  # shapes are static: raised under jit too
+    jax.jit(lambda p: fn(p, 'sp'))(sp)
+
+
+def _bn_layer(**changes):
+  layer = {'dense': {'kernel': jnp.ones((2, 3)), 'bias': jnp.zeros(3)},
+           'bn': {'scale': jnp.ones(3), 'bias': jnp.zeros(3)},
+           'batch_stats': {'mean': jnp.zeros(3), 'var': jnp.ones(3)}}
+  for path, value in changes.items():
+    outer, inner = path.split('__')
+    layer[outer] = dict(layer[outer], **{inner: value})
+  return layer
+
+
+@pytest.mark.parametrize('kind,params,match', [
+    ('wn', {'kernel': jnp.ones((2, 3)), 'scale': jnp.ones(2)}, r'scale must have shape \(3,\)'),
+    ('wn', {'kernel': jnp.ones((2, 3)), 'scale': jnp.ones(3), 'bias': jnp.ones(2)},
+     r'bias must have shape \(3,\)'),
+    ('wn_mbn', {'kernel': jnp.ones((2, 3)), 'scale': jnp.ones(3), 'mbn': {'bias': jnp.ones(1)},
+                'batch_stats': {'mean': jnp.zeros(3)}}, r'mbn/bias must have shape \(3,\)'),
+    ('wn_mbn', {'kernel': jnp.ones((2, 3)), 'scale': jnp.ones(3),
+                'batch_stats': {'mean': jnp.zeros(2)}}, r'batch_stats/mean must have shape \(3,\)'),
+    ('wn_mbn', {'kernel': jnp.ones((2, 3)), 'scale': jnp.ones(3), 'batch_stats': {}},
+     r"missing \['mean'\]"),
+    ('bn', _bn_layer(dense__bias=jnp.ones(4)), r'dense/bias must have shape \(3,\)'),
+    ('bn', _bn_layer(bn__scale=jnp.ones(1)), r'bn/scale must have shape \(3,\)'),
+    ('bn', _bn_layer(bn__bias=jnp.ones(2)), r'bn/bias must have shape \(3,\)'),
+    ('bn', _bn_layer(batch_stats__var=jnp.ones(1)), r'batch_stats/var must have shape \(3,\)'),
+    ('bn', _bn_layer(batch_stats__mean=jnp.ones(2)), r'batch_stats/mean must have shape \(3,\)'),
+    ('gmp', {'theta': jnp.zeros((1, 3)), 'lam': jnp.zeros(1)},
+     r"kind='gmp': lam must have shape \(3,\) to match theta of shape \(1, 3\)"),
+    ('gmp', {'theta': jnp.zeros((0, 3)), 'lam': jnp.zeros(3), 'sign': jnp.ones(1)},
+     r'sign must have shape \(3,\) to match theta of shape \(0, 3\)'),
+    ('gmp_imn', {'theta': jnp.zeros((1, 3)), 'lam': jnp.zeros(3),
+                 'batch_stats': {'mean': jnp.zeros(3)}},
+     r'batch_stats/mean \(the running input mean\) must have shape \(2,\) to match fan_in = 2'),
+])
+def test_per_unit_entries_of_the_wrong_shape_raise(kind, params, match):
+  # Old code: broadcast silently (length 1, e.g. one sign for all units) or failed in a dot.
+  with pytest.raises(ValueError, match=match):
+    analysis.boundary_location(params, kind)
+
+
+def test_layer_variables_names_a_missing_sub_layer():
+  variables = {'params': {'hidden_0': {'kernel': jnp.ones((2, 3))}}}
+  # Old code: KeyError('hidden_0_wn') / KeyError('hidden_0_bn') / KeyError('params').
+  with pytest.raises(ValueError, match=r"needs params\['hidden_0_wn'\]\['hidden_0/kernel/scale'\]"):
+    analysis.layer_variables(variables, 'wn')
+  with pytest.raises(ValueError, match=r"needs params\['hidden_0_bn'\], but params has no "
+                                       r"'hidden_0_bn' \(has \['hidden_0'\]\)"):
+    analysis.layer_variables(variables, 'bn')
+  with pytest.raises(ValueError, match=r"needs variables\['params'\]"):
+    analysis.layer_variables(variables['params'], 'sp')
+
+
+def test_perturb_rejects_a_non_dict_layer():
+  with pytest.raises(ValueError, match="kind='sp' expects a dict of layer variables, got list"):
+    analysis.perturb([jnp.ones((2, 2))], 1e-3, 'sp')  # old code: AttributeError on .items()
+
+
+@pytest.mark.parametrize('kwargs,name', [(dict(length=10, every=2.5), 'every'),
+                                         (dict(length=10.0, every=2), 'length'),
+                                         (dict(length=4, every=True), 'every')])
+def test_scan_tracked_needs_integer_every_and_length(kwargs, name):
+  # Old code ran every=2.5 (10 % 2.5 == 0) as 4 chunks of a length-2.5 inner scan.
+  with pytest.raises(TypeError, match=f'{name} must be an int'):
+    analysis.scan_tracked(lambda c, x: (c, x), {'kernel': jnp.ones((1, 1))}, layer=lambda c: c,
+                          kind='sp', **kwargs)
+  carry, _, track = analysis.scan_tracked(
+      lambda c, x: (c, x), {'kernel': jnp.ones((1, 1))}, length=np.int64(4), every=np.int32(2),
+      layer=lambda c: c, kind='sp')
+  assert track.location.shape == (3, 1, 1)
