@@ -19,37 +19,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from geoparam import conv
+from geoparam import wrappers
+from geoparam.wrappers import centered_weight_norm
+from geoparam.wrappers import weight_norm
 
-__all__ = ['centered_weight_norm', 'CWNDense', 'CWNConv', 'StandardizationLayer']
+__all__ = ['weight_norm', 'centered_weight_norm', 'CWNDense', 'CWNConv', 'StandardizationLayer']
 
 Array = jax.Array
 
 default_kernel_init = nn.initializers.lecun_normal()
-
-
-def centered_weight_norm(kernel: Array, scale: Array, epsilon: float = 1e-12) -> Array:
-  """`scale * c / |c|` per unit, `c` the unit's kernel minus its mean.
-
-  Args:
-    kernel: `(..., features)`; each unit's weights are all axes but the last.
-    scale: `(features,)`, the gain `g`.
-    epsilon: added to `|c|^2` under the square root.
-
-  Returns:
-    same shape as `kernel`; each unit sums to zero and has norm `|scale|`.
-  """
-  axes = tuple(range(kernel.ndim - 1))
-  centered = kernel - jnp.mean(kernel, axis=axes, keepdims=True)
-  inv_norm = lax.rsqrt(jnp.sum(centered**2, axis=axes, keepdims=True) + epsilon)
-  return centered * inv_norm * scale
-
-
-def _check_fan_in(layer: str, fan_in: int, detail: str) -> None:
-  if fan_in < 2:
-    raise ValueError(
-        f'{layer} needs a fan-in of at least 2, got fan_in = {fan_in} ({detail}): a centered '
-        'single weight is always zero.')
 
 
 class CWNDense(nn.Module):
@@ -88,22 +66,10 @@ class CWNDense(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """`(..., fan_in) -> (..., features)`."""
-    if self.features < 1:
-      raise ValueError(f'CWNDense needs features >= 1, got features = {self.features}.')
-    fan_in = jnp.shape(inputs)[-1]
-    _check_fan_in('CWNDense', fan_in, f'input shape {jnp.shape(inputs)}')
-    kernel = self.param('kernel', self.kernel_init, (fan_in, self.features), self.param_dtype)
-    scale = self.param('scale', self.scale_init, (self.features,), self.param_dtype)
-    bias = (
-        self.param('bias', self.bias_init, (self.features,), self.param_dtype)
-        if self.use_bias else None)
-    kernel = centered_weight_norm(kernel, scale, self.epsilon)
-    inputs, kernel, bias = nn.dtypes.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-    y = lax.dot_general(
-        inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
-    if bias is not None:
-      y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
-    return y
+    dense = nn.Dense(self.features, use_bias=self.use_bias, dtype=self.dtype,
+                     param_dtype=self.param_dtype, precision=self.precision,
+                     kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
+    return wrappers.cwn_call(self, self, dense, inputs)
 
 
 class CWNConv(nn.Module):
@@ -147,19 +113,12 @@ class CWNConv(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    if self.features < 1:
-      raise ValueError(f'CWNConv needs features >= 1, got features = {self.features}.')
-    kernel_size = (
-        (self.kernel_size,) if isinstance(self.kernel_size, int) else tuple(self.kernel_size))
-    kernel_shape = conv.kernel_shape('CWNConv', kernel_size, jnp.shape(inputs), self.features,
-                                     self.feature_group_count)
-    _check_fan_in('CWNConv', math.prod(kernel_shape[:-1]), f'kernel shape {kernel_shape}')
-    kernel = self.param('kernel', self.kernel_init, kernel_shape, self.param_dtype)
-    scale = self.param('scale', self.scale_init, (self.features,), self.param_dtype)
-    params = {'kernel': centered_weight_norm(kernel, scale, self.epsilon)}
-    if self.use_bias:
-      params['bias'] = self.param('bias', self.bias_init, (self.features,), self.param_dtype)
-    return conv.apply(self, params, inputs)
+    layer = nn.Conv(self.features, self.kernel_size, strides=self.strides, padding=self.padding,
+                    input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
+                    feature_group_count=self.feature_group_count, use_bias=self.use_bias,
+                    dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+                    kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
+    return wrappers.cwn_call(self, self, layer, inputs)
 
 
 class StandardizationLayer(nn.Module):

@@ -18,19 +18,23 @@ Parameters (collection `params`):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import functools
 import math
+import numbers
 from typing import Any
 
 import flax.linen as nn
+from flax.core import meta
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from geoparam import conv
 from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam.normalization import InputMeanNorm
 
-__all__ = ['directions', 'gmp_kernel', 'GmPDense', 'GmPConv']
+__all__ = ['directions', 'gmp_kernel', 'gmp_variables', 'imn_fold', 'GmPDense', 'GmPConv']
 
 Initializer = Callable[..., jax.Array]
 
@@ -43,23 +47,102 @@ directions = hyperspherical.to_cartesian_batched
 def gmp_kernel(theta: jax.Array, sign: jax.Array | None = None) -> jax.Array:
   """Unit-norm kernel `(fan_in, features)` from angles `(fan_in - 1, features)`.
 
+  The map runs in float32 at least (bf16 angles evaluated in bf16 give column
+  norms ~1.6 at fan-in 4608); the result has that dtype, callers cast after.
   For fan-in 1 (`theta` of shape `(0, features)`) the column is `sign(sign)`.
+
+    >>> import jax.numpy as jnp, geoparam
+    >>> u = geoparam.gmp_kernel(jnp.zeros((2, 3), jnp.bfloat16))
+    >>> u.shape, u.dtype
+    ((3, 3), dtype('float32'))
   """
+  theta = jnp.asarray(theta)
   if theta.ndim != 2:
     raise ValueError(f'theta must have shape (fan_in - 1, features), got {theta.shape}.')
+  if jnp.issubdtype(theta.dtype, jnp.floating):
+    theta = theta.astype(jnp.promote_types(theta.dtype, jnp.float32))
   u = directions(theta)
   if theta.shape[0] == 0:
     if sign is None:
       raise ValueError('a fan-in-1 GmP unit needs its fixed `sign` parameter.')
-    u = u * jnp.sign(jax.lax.stop_gradient(sign)).astype(u.dtype)[None, :]
+    u = u * jnp.sign(lax.stop_gradient(sign)).astype(u.dtype)[None, :]
   return u
+
+
+def imn_fold(lam: jax.Array, u: jax.Array, mean: jax.Array, precision=None) -> jax.Array:
+  """IMN folded into the bias: `u^T (x - mean) + lam = u^T x + imn_fold(lam, u, mean)`.
+
+  Shapes: `lam (F,)`, `u (fan_in, F)`, `mean (fan_in,)`; returns `(F,)`.
+  """
+  return lam - jnp.dot(mean.astype(u.dtype), u, precision=precision)
+
+
+def get_or_create_param(module: nn.Module, name: str, make_init: Callable[[], Initializer],
+                        shape: tuple[int, ...], dtype) -> jax.Array:
+  """`module.param(name, make_init(), shape, dtype)`, but an existing param is read directly.
+
+  Flax's `param` re-traces the initializer on every call to check the stored
+  shape (tens of ms per eager call for the map's initializers); this checks the
+  shape itself, with an error naming the module, and builds the initializer only
+  when the param is created.
+  """
+  if module.has_variable('params', name):
+    value = meta.unbox(module.get_variable('params', name))
+    if jnp.shape(value) != tuple(shape):
+      raise ValueError(
+          f'{type(module).__name__} {"/".join(module.path) or module.name or ""}: the inputs '
+          f'need param {name!r} of shape {tuple(shape)}, but the given params have '
+          f'{jnp.shape(value)} (the fan_in or the features differ).')
+    return value
+  value = module.param(name, make_init(), shape, dtype)
+  if jnp.shape(value) != tuple(shape):
+    raise ValueError(f'{type(module).__name__} {module.name or ""}: {name} must have shape '
+                     f'{tuple(shape)}, got {jnp.shape(value)} from its initializer.')
+  return value
+
+
+def gmp_from_dense(kernel: jax.Array, bias: jax.Array) -> dict[str, jax.Array]:
+  """`theta`, `lam`, `scale` (+ `sign` at fan-in 1) with `scale * u = kernel`, `scale * lam = bias`.
+
+  Traceable (no checks on values): `kernel (fan_in, F)` with nonzero columns,
+  `bias (F,)`. `geoparam.convert.dense_to_gmp` is the checked version.
+  """
+  if kernel.shape[0] == 1:
+    scale = jnp.abs(kernel[0])
+    return {'theta': jnp.zeros((0, kernel.shape[1]), kernel.dtype), 'lam': bias / scale,
+            'scale': scale, 'sign': jnp.sign(kernel[0])}
+  theta, scale = jax.vmap(hyperspherical.from_cartesian, in_axes=1, out_axes=(1, 0))(kernel)
+  return {'theta': theta, 'lam': bias / scale, 'scale': scale}
+
+
+def gmp_variables(module: nn.Module, fan_in: int, features: int, *, param_dtype=jnp.float32,
+                  theta_init: Initializer | None = None, lam_init: Initializer | None = None,
+                  scale_init: Initializer | None = None):
+  """Creates `theta`, `lam`, `scale` (+ `sign` at fan-in 1) in `module`; returns `(u, lam, scale)`.
+
+  `u` is the unit kernel `(fan_in, features)` in float32 at least; `lam`, `scale`
+  are `(features,)` in `param_dtype`. Call from inside a compact method.
+  Initializers default to the paper's: sphere-uniform directions, `lam = 0`, `scale = 1`.
+  """
+  if fan_in < 1:
+    raise ValueError(f'GmP needs fan_in >= 1, got {fan_in}.')
+  get = functools.partial(get_or_create_param, module, dtype=param_dtype)
+  theta = get('theta', lambda: theta_init or initializers.sphere_uniform(),
+              shape=(fan_in - 1, features))
+  lam = get('lam', lambda: lam_init or nn.initializers.zeros, shape=(features,))
+  scale = get('scale', lambda: scale_init or nn.initializers.ones, shape=(features,))
+  sign = None
+  if fan_in == 1:
+    sign = get('sign', initializers.rademacher, shape=(features,))
+  return gmp_kernel(theta, sign), lam, scale
 
 
 class _GmPBase(nn.Module):
   """Parameter creation and output shared by the GmP layers (fields live in the subclasses)."""
 
   def _check_features(self):
-    if not isinstance(self.features, int) or self.features < 1:
+    if (isinstance(self.features, bool) or not isinstance(self.features, numbers.Integral)
+        or self.features < 1):
       raise ValueError(f'features must be a positive integer, got {self.features!r}.')
 
   def _input_mean(self, x, use_running_average):
@@ -68,33 +151,21 @@ class _GmPBase(nn.Module):
       return None
     imn = InputMeanNorm(
         use_running_average=self.use_running_average, momentum=self.momentum,
-        name='input_mean_norm')
+        axis_name=self.axis_name, name='input_mean_norm')
     return imn.mean(x, use_running_average)
 
   def _params(self, fan_in: int):
     """Creates theta, lam, scale (and sign for fan-in 1); returns the kernel and both vectors."""
-    if fan_in < 1:
-      raise ValueError(f'GmP needs fan_in >= 1, got {fan_in}.')
-    shape = (fan_in - 1, self.features)
-    if self.has_variable('params', 'theta'):
-      existing = self.get_variable('params', 'theta').shape
-      if existing != shape:
-        raise ValueError(
-            f'{type(self).__name__} {self.name or ""}: inputs give fan_in={fan_in} and theta '
-            f'{shape}, but the given params have theta {existing} (fan_in={existing[0] + 1}).')
-    theta = self.param('theta', self.theta_init, shape, self.param_dtype)
-    lam = self.param('lam', self.lam_init, (self.features,), self.param_dtype)
     if self.scale_init is not None:
       scale_init = self.scale_init
     elif self.glorot_scale:
       scale_init = initializers.glorot_norm(fan_in, self.features)
     else:
       scale_init = nn.initializers.ones
-    scale = self.param('scale', scale_init, (self.features,), self.param_dtype)
-    sign = None
-    if fan_in == 1:
-      sign = self.param('sign', initializers.rademacher(), (self.features,), self.param_dtype)
-    return gmp_kernel(theta, sign), lam, scale
+    u, lam, scale = gmp_variables(self, fan_in, self.features, param_dtype=self.param_dtype,
+                                  theta_init=self.theta_init, lam_init=self.lam_init,
+                                  scale_init=scale_init)
+    return u.astype(lam.dtype), lam, scale  # the map ran in float32 at least; params' dtype now
 
   def _finish(self, z, lam, scale):
     z = z + lam
@@ -121,6 +192,8 @@ class GmPDense(_GmPBase):
       is needed at call time and the running mean lives in `batch_stats`.
     use_running_average: as `nn.BatchNorm`, only used with `input_mean_norm`.
     momentum: running-mean decay for IMN.
+    axis_name: named axis for a cross-device IMN mean (inside shard_map/pmap),
+      as `nn.BatchNorm`.
     dtype: computation dtype (None: inferred from inputs and params).
     param_dtype: parameter dtype.
     precision: `jax.lax.Precision` of the matmul.
@@ -136,6 +209,7 @@ class GmPDense(_GmPBase):
   input_mean_norm: bool = False
   use_running_average: bool | None = None
   momentum: float = 0.99
+  axis_name: str | None = None
   dtype: Any = None
   param_dtype: Any = jnp.float32
   precision: Any = None
@@ -155,7 +229,7 @@ class GmPDense(_GmPBase):
     kernel, lam, scale = self._params(inputs.shape[-1])
     if mean is not None:
       # IMN folded into the bias: u^T (x - mu) + lam = u^T x + (lam - u^T mu); no pass over x.
-      lam = lam - jnp.dot(mean.astype(kernel.dtype), kernel, precision=self.precision)
+      lam = imn_fold(lam, kernel, mean, self.precision)
     inputs, kernel, lam, scale = nn.dtypes.promote_dtype(
         inputs, kernel, lam, scale, dtype=self.dtype)
     z = jax.lax.dot_general(
@@ -199,6 +273,7 @@ class GmPConv(_GmPBase):
   input_mean_norm: bool = False
   use_running_average: bool | None = None
   momentum: float = 0.99
+  axis_name: str | None = None
   dtype: Any = None
   param_dtype: Any = jnp.float32
   precision: Any = None

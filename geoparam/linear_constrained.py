@@ -21,59 +21,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from geoparam import conv
-from geoparam import lcw
+from geoparam import wrappers
+from geoparam.wrappers import kernel_from_v
+from geoparam.wrappers import v_from_kernel
 
 __all__ = ['LCWDense', 'LCWConv', 'kernel_from_v', 'v_from_kernel']
 
 Array = jax.Array
 
 default_kernel_init = nn.initializers.lecun_normal()
-
-
-def kernel_from_v(v: Array, kernel_shape: Sequence[int] | None = None) -> Array:
-  """Zero-sum kernel from coordinates `v`.
-
-  Args:
-    v: shape `(fan_in - 1, features)`.
-    kernel_shape: optional shape `(*spatial, in, features)` to reshape to; its
-      product over all axes but the last must be `fan_in`.
-
-  Returns:
-    kernel of shape `(fan_in, features)` or `kernel_shape`; each column (unit)
-    sums to zero and has the norm of the matching column of `v`.
-  """
-  kernel = lcw.project_batched(v)
-  if kernel_shape is not None:
-    kernel = kernel.reshape(kernel_shape)
-  return kernel
-
-
-def v_from_kernel(kernel: Array) -> Array:
-  """Coordinates `v = B^T w` per unit of a kernel `(..., features)`.
-
-  Returns shape `(fan_in - 1, features)`; `kernel_from_v` of it is the kernel
-  minus its per-unit mean (exactly the kernel when it already sums to zero).
-  """
-  features = kernel.shape[-1]
-  return jax.vmap(lcw.coordinates, in_axes=1, out_axes=1)(kernel.reshape(-1, features))
-
-
-def _v_init(kernel_init, kernel_shape):
-  """Initializer for `v` that draws a kernel with `kernel_init` and centers it."""
-
-  def init(key, shape, dtype=jnp.float32):
-    del shape
-    return v_from_kernel(kernel_init(key, kernel_shape, dtype))
-
-  return init
-
-
-def _check_fan_in(layer: str, fan_in: int, detail: str) -> None:
-  if fan_in < 2:
-    raise ValueError(
-        f'{layer} needs a fan-in of at least 2, got fan_in = {fan_in} ({detail}): '
-        'a single input weight has no nonzero zero-sum value.')
 
 
 class LCWDense(nn.Module):
@@ -110,23 +66,10 @@ class LCWDense(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Applies `inputs @ B v + bias` along the last axis: `(..., fan_in) -> (..., features)`."""
-    if self.features < 1:
-      raise ValueError(f'LCWDense needs features >= 1, got features = {self.features}.')
-    fan_in = jnp.shape(inputs)[-1]
-    _check_fan_in('LCWDense', fan_in, f'input shape {jnp.shape(inputs)}')
-    v = self.param(
-        'v', _v_init(self.kernel_init, (fan_in, self.features)),
-        (fan_in - 1, self.features), self.param_dtype)
-    bias = (
-        self.param('bias', self.bias_init, (self.features,), self.param_dtype)
-        if self.use_bias else None)
-    kernel = kernel_from_v(v)
-    inputs, kernel, bias = nn.dtypes.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-    y = lax.dot_general(
-        inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
-    if bias is not None:
-      y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
-    return y
+    dense = nn.Dense(self.features, use_bias=self.use_bias, dtype=self.dtype,
+                     param_dtype=self.param_dtype, precision=self.precision,
+                     kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
+    return wrappers.lcw_call(self, self, dense, inputs)
 
 
 class LCWConv(nn.Module):
@@ -184,20 +127,9 @@ class LCWConv(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    if self.features < 1:
-      raise ValueError(f'LCWConv needs features >= 1, got features = {self.features}.')
-    if isinstance(self.kernel_size, int):
-      kernel_size = (self.kernel_size,)
-    else:
-      kernel_size = tuple(self.kernel_size)
-    kernel_shape = conv.kernel_shape('LCWConv', kernel_size, jnp.shape(inputs), self.features,
-                                     self.feature_group_count)
-    fan_in = math.prod(kernel_shape[:-1])
-    _check_fan_in('LCWConv', fan_in, f'kernel shape {kernel_shape}')
-    v = self.param(
-        'v', _v_init(self.kernel_init, kernel_shape), (fan_in - 1, self.features),
-        self.param_dtype)
-    params = {'kernel': kernel_from_v(v, kernel_shape)}
-    if self.use_bias:
-      params['bias'] = self.param('bias', self.bias_init, (self.features,), self.param_dtype)
-    return conv.apply(self, params, inputs)
+    layer = nn.Conv(self.features, self.kernel_size, strides=self.strides, padding=self.padding,
+                    input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
+                    feature_group_count=self.feature_group_count, use_bias=self.use_bias,
+                    dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+                    kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
+    return wrappers.lcw_call(self, self, layer, inputs)

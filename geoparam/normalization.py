@@ -49,6 +49,9 @@ def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
   """
   if not 0.0 <= momentum <= 1.0:
     raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    raise TypeError(f'the mean normalizations need floating inputs, got dtype {x.dtype} (the '
+                    'mean would be truncated to it): cast integer images to float first.')
   stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
   ra_mean = module.variable(
       'batch_stats', name, lambda s: jnp.zeros(s, stat_dtype), (x.shape[-1],))
