@@ -11,7 +11,9 @@ from geoparam import initializers
 from geoparam import lcw
 from geoparam import masks
 from geoparam import schedules
+from geoparam import transform
 from geoparam import variance
+from geoparam import wrappers
 from geoparam.activations import PReLU
 from geoparam.activations import prelu
 from geoparam.baselines import CWNConv
@@ -25,23 +27,37 @@ from geoparam.he_init import he_uniform
 from geoparam.linear_constrained import LCWConv
 from geoparam.linear_constrained import LCWDense
 from geoparam.masks import decay_mask
+from geoparam.transform import Reparameterized
+from geoparam.transform import bake
+from geoparam.transform import reparameterize
+from geoparam.transform import to_reparameterized
+from geoparam.wrappers import CWN
+from geoparam.wrappers import GmP
+from geoparam.wrappers import LCW
+from geoparam.wrappers import WN
 from geoparam.normalization import InputMeanNorm
 from geoparam.normalization import MeanOnlyBatchNorm
 
 __version__ = '0.1.0'
 
 __all__ = [
+  'CWN',
   'CWNConv',
   'CWNDense',
+  'GmP',
   'GmPConv',
   'GmPDense',
   'InputMeanNorm',
+  'LCW',
   'LCWConv',
   'LCWDense',
   'MeanOnlyBatchNorm',
   'PReLU',
+  'Reparameterized',
+  'WN',
   'StandardizationLayer',
   'analysis',
+  'bake',
   'convert',
   'decay_mask',
   'gmp_kernel',
@@ -52,6 +68,10 @@ __all__ = [
   'lcw',
   'masks',
   'prelu',
+  'reparameterize',
   'schedules',
+  'to_reparameterized',
+  'transform',
   'variance',
+  'wrappers',
 ]

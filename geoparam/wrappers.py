@@ -56,7 +56,7 @@ from geoparam.gmp import imn_fold
 from geoparam.normalization import InputMeanNorm
 
 __all__ = ['GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'layer_kernel_shape',
-           'run_layer', 'weight_norm', 'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
+           'run_layer', 'contract_axes', 'CALLS', 'weight_norm', 'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
 
 Initializer = Callable[..., jax.Array]
 
@@ -263,7 +263,8 @@ def _input_mean(holder, cfg, x, contract_axes, use_running_average):
   return imn.mean(flat, use_running_average)
 
 
-def _contract_axes(layer, ndim):
+def contract_axes(layer: nn.Module, ndim: int) -> tuple[int, ...]:
+  """The input axes a layer contracts with its kernel (all fan-in axes but a conv's window)."""
   if isinstance(layer, nn.DenseGeneral):
     axis = (layer.axis,) if isinstance(layer.axis, numbers.Integral) else tuple(layer.axis)
     return tuple(a % ndim for a in axis)
@@ -292,7 +293,7 @@ def gmp_call(holder, cfg, layer, inputs, use_running_average=None):
       inputs = inputs - mean.astype(inputs.dtype)  # exact at zero-padded borders
       mean = None
     else:
-      mean = _input_mean(holder, cfg, inputs, _contract_axes(layer, inputs.ndim),
+      mean = _input_mean(holder, cfg, inputs, contract_axes(layer, inputs.ndim),
                          use_running_average)
   if holder.has_variable('params', 'theta'):
     inits = (None,) * 3  # never called: the params exist
@@ -488,3 +489,7 @@ class WN(nn.Module):
     """Applies the layer with kernel `scale * k / |k|`."""
     _check_layer('WN', self.layer)
     return wn_call(self, self, self.layer, inputs)
+
+
+# Wrapper class -> the function that runs it (also used by the whole-model transform).
+CALLS = {GmP: gmp_call, LCW: lcw_call, CWN: cwn_call, WN: wn_call}

@@ -1,0 +1,461 @@
+"""Reparameterize any linen model without editing its source; carry trained weights both ways.
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
+    >>> class MLP(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     x = nn.relu(nn.Dense(8, name='hidden')(x))
+    ...     return nn.Dense(2, name='head')(x)
+    >>> model = MLP()
+    >>> x = jnp.ones((4, 3))
+    >>> sp = model.init(jax.random.key(0), x)
+    >>> gmp = geoparam.reparameterize(model, 'gmp', exclude=['head'])
+    >>> converted = geoparam.to_reparameterized(gmp, sp, x)
+    >>> jax.tree.map(jnp.shape, converted['params'])['hidden']
+    {'lam': (8,), 'scale': (8,), 'theta': (2, 8)}
+    >>> bool(jnp.allclose(gmp.apply(converted, x), model.apply(sp, x), atol=1e-5))
+    True
+    >>> baked = geoparam.bake(gmp, converted, x)
+    >>> bool(jnp.allclose(model.apply(baked, x), model.apply(sp, x), atol=1e-5))
+    True
+
+`reparameterize(model, method)` runs `model` with every selected `nn.Dense`,
+`nn.Conv` and `nn.DenseGeneral` call replaced by the method's wrapper
+(`geoparam.wrappers`), its variables created at the layer's own path, so the
+variable tree keeps the model's names; `drop_batchnorm=True` makes the model's
+`nn.BatchNorm` layers the identity (the paper's ResNet-50 with GmP+IMN).
+`to_reparameterized` converts a trained plain model's variables (BatchNorm
+folded into the layer before it when dropped) and `bake` converts back.
+
+IMN's train/eval switch: the field `use_running_average`, or when None, the
+running mean is used exactly when `batch_stats` is not mutable (Flax's usual
+train step passes `mutable=['batch_stats']`, evaluation does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+import dataclasses
+import math
+from typing import Any
+
+import flax
+import flax.linen as nn
+from flax.core import meta
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from geoparam import convert
+from geoparam import wrappers
+
+__all__ = ['METHODS', 'Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake']
+
+# Method name -> (wrapper class, its preset fields). One row per method.
+METHODS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
+  'gmp': (wrappers.GmP, {}),
+  'gmp_imn': (wrappers.GmP, {'input_mean_norm': True}),
+  'lcw': (wrappers.LCW, {}),
+  'cwn': (wrappers.CWN, {}),
+  'wn': (wrappers.WN, {}),
+}
+
+Where = Callable[[nn.Module, tuple[str, ...]], bool]
+
+
+def _check_method(method):
+  if method not in METHODS:
+    raise ValueError(f'method must be one of {tuple(METHODS)}, got {method!r}.')
+
+
+def _config(method, options):
+  """The unbound wrapper whose fields configure the method (it is never bound or called)."""
+  cls, preset = METHODS[method]
+  names = {f.name for f in dataclasses.fields(cls)} - {'layer', 'parent', 'name'}
+  unknown = sorted(set(options) - names)
+  if unknown:
+    raise TypeError(f'method {method!r} takes the options {sorted(names)}; got unknown '
+                    f'{unknown}.')
+  return cls(layer=None, parent=None, **{**preset, **options})
+
+
+def _inputs(args, kwargs):
+  return args[0] if args else next(iter(kwargs.values()))
+
+
+class Reparameterized(nn.Module):
+  """`module` with its selected layers reparameterized; variables at the original paths.
+
+  Build it with `reparameterize`. Call it like `module` (its `__call__`); other
+  methods through `call(name, *args, **kwargs)`.
+
+  Attributes:
+    module: the user's model (unchanged).
+    method: one of `METHODS`.
+    where: `where(layer, path) -> bool` selects layers (default: all of
+      `wrappers.LAYER_TYPES`); `path` is relative to `module`.
+    exclude: layer names or '/'-joined paths kept plain (e.g. `['head']`).
+    drop_batchnorm: replace the selected `nn.BatchNorm` layers by the identity.
+    use_running_average: IMN's switch (None: by `batch_stats` mutability).
+    options: fields of the method's wrapper (`momentum`, `initialization`, ...).
+  """
+
+  module: nn.Module
+  method: str
+  where: Where | None = None
+  exclude: tuple[str, ...] = ()
+  drop_batchnorm: bool = False
+  use_running_average: bool | None = None
+  options: Mapping[str, Any] = flax.core.FrozenDict()
+
+  def setup(self):
+    _check_method(self.method)
+    nn.share_scope(self, self.module)
+
+  def __call__(self, *args, **kwargs):
+    """Runs `module(*args, **kwargs)` with the selected layers reparameterized."""
+    return self.call('__call__', *args, **kwargs)
+
+  def call(self, method_name: str, *args, **kwargs):
+    """Runs `getattr(module, method_name)(*args, **kwargs)` reparameterized."""
+    cfg = _config(self.method, dict(self.options))
+    prefix = len(self.path)
+
+    # A plain function: flax routes every Module method, private ones too, through the
+    # interceptors, so the interceptor cannot be a method of this Module.
+    def intercept(next_fun, args, kwargs, context):
+      layer = context.module
+      if wrappers.bypassed() or context.method_name != '__call__':
+        return next_fun(*args, **kwargs)
+      path = tuple(layer.path[prefix:])
+      if isinstance(layer, nn.BatchNorm):
+        if self.drop_batchnorm and selected(self, layer, path):
+          return _inputs(args, kwargs)
+      elif isinstance(layer, wrappers.LAYER_TYPES) and selected(self, layer, path):
+        use_running_average = self.use_running_average
+        if use_running_average is None:
+          use_running_average = not layer.is_mutable_collection('batch_stats')
+        return wrappers.CALLS[type(cfg)](layer, cfg, layer, _inputs(args, kwargs),
+                                         use_running_average)
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(intercept):
+      return getattr(self.module, method_name)(*args, **kwargs)
+
+
+def selected(rp: Reparameterized, layer: nn.Module, path: tuple[str, ...]) -> bool:
+  """Whether `rp` reparameterizes (or drops) `layer` at `path` (relative to `rp.module`)."""
+  if '/'.join(path) in rp.exclude or (path and path[-1] in rp.exclude):
+    return False
+  return rp.where is None or bool(rp.where(layer, path))
+
+
+def reparameterize(model: nn.Module, method: str, *, where: Where | None = None,
+                   exclude: Iterable[str] = (), drop_batchnorm: bool = False,
+                   use_running_average: bool | None = None, **options) -> Reparameterized:
+  """`model` with its Dense/Conv/DenseGeneral layers in `method` (`'gmp'`, `'gmp_imn'`, ...).
+
+  Args:
+    model: any linen module; its source is not edited.
+    method: one of `METHODS`.
+    where: optional `where(layer, path) -> bool` over the layer instance and its
+      path of names relative to `model`.
+    exclude: layer names (or '/'-joined paths) kept plain, e.g. the output layer.
+    drop_batchnorm: make the model's BatchNorm layers (those `where`/`exclude`
+      select) the identity, as the paper's GmP+IMN ResNet-50 does.
+    use_running_average: IMN's switch; None decides by `batch_stats` mutability.
+    **options: fields of the method's wrapper, e.g. `momentum=0.9`,
+      `initialization='layer'`, `epsilon=1e-6`.
+  """
+  _check_method(method)
+  if isinstance(exclude, str):
+    exclude = (exclude,)
+  _config(method, options)  # unknown options fail here, not at the first call
+  return Reparameterized(model, method, where=where, exclude=tuple(exclude),
+                         drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
+                         options=flax.core.FrozenDict(options), parent=None)
+
+
+# ----------------------------------------------------------------------------- weights
+
+@dataclasses.dataclass
+class _Call:
+  layer: nn.Module
+  inputs: Any
+  output: Any
+
+
+def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
+  """Runs the plain model once; returns `(layers, norms)`: selected calls by path, first call each.
+
+  `layers` are the selected Dense/Conv/DenseGeneral calls, `norms` every BatchNorm
+  call (path -> _Call). With `abstract`, only shapes are traced (`jax.eval_shape`).
+  """
+  layers, norms = {}, {}
+
+  def intercept(next_fun, a, k, context):
+    m = context.module
+    y = next_fun(*a, **k)
+    if context.method_name == '__call__' and not wrappers.bypassed():
+      path = tuple(m.path)
+      if isinstance(m, nn.BatchNorm):
+        norms.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
+      elif isinstance(m, wrappers.LAYER_TYPES) and selected(rp, m, path):
+        layers.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
+    return y
+
+  def run(v):
+    with nn.intercept_methods(intercept):
+      if variables is None:
+        return rp.module.init(jax.random.key(0), *args, **kwargs)
+      return rp.module.apply(v, *args, **kwargs)
+
+  if abstract:
+    jax.eval_shape(run, variables)
+  else:
+    run(variables)
+  return layers, norms
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _pop(tree, path):
+  """Removes the node at `path` (and parents left empty)."""
+  if len(path) == 1:
+    tree.pop(path[0], None)
+    return
+  if path[0] in tree:
+    _pop(tree[path[0]], path[1:])
+    if not tree[path[0]]:
+      del tree[path[0]]
+
+
+def _put(tree, path, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _unfrozen(variables):
+  return jax.tree.map(lambda x: x, flax.core.unfreeze(meta.unbox(variables)))
+
+
+def _name(path):
+  return '/'.join(path) or '<root>'
+
+
+def _bn_affine(bn: nn.BatchNorm, variables, path):
+  """`(s, t)` with `BN(z) = s * z + t` in evaluation mode, shape `(features,)` each."""
+  stats = _get(variables['batch_stats'], path)
+  params = _get(variables.get('params', {}), path) if bn.use_scale or bn.use_bias else {}
+  mean = np.asarray(stats['mean'], np.float64)
+  var = np.asarray(stats['var'], np.float64)
+  s = 1.0 / np.sqrt(var + bn.epsilon)
+  if bn.use_scale:
+    s = s * np.asarray(params['scale'], np.float64)
+  t = -mean * s
+  if bn.use_bias:
+    t = t + np.asarray(params['bias'], np.float64)
+  return s, t
+
+
+def _padding_free(layer) -> bool:
+  """Whether `conv(x - m) == conv(x) - w^T m` everywhere (no zero is padded or inserted)."""
+  if not isinstance(layer, nn.Conv):
+    return True
+  dilation = layer.input_dilation
+  if dilation is not None and any(d != 1 for d in np.atleast_1d(dilation)):
+    return False
+  padding = layer.padding
+  if isinstance(padding, str):
+    return padding.upper() in ('VALID', 'CIRCULAR', 'REFLECT')
+  return not np.any(np.asarray(padding))
+
+
+def _flat_mean(layer, x):
+  """The IMN mean of a layer input as the wrapper computes it, float64 `(fan_in_part,)`."""
+  x = np.asarray(x, np.float64)
+  axes = wrappers.contract_axes(layer, x.ndim)
+  moved = np.moveaxis(x, axes, tuple(range(x.ndim - len(axes), x.ndim)))
+  return moved.reshape(-1, math.prod(moved.shape[x.ndim - len(axes):])).mean(0)
+
+
+def _imn_tiled(layer, mean, fan_in):
+  """The input mean laid out along the kernel's fan-in axes, `(fan_in,)`."""
+  return np.broadcast_to(mean, (fan_in // mean.size, mean.size)).reshape(-1)
+
+
+def _to_stored(method, cfg, layer, kernel, bias, mean, path, dtype):
+  """Stored variables `{name: array}` of `method` standing for `(kernel, bias)` (float64 in)."""
+  features = kernel.shape[-1]
+  w = kernel.reshape(-1, features)
+  where = f'layer {_name(path)}'
+  if method in ('gmp', 'gmp_imn'):
+    if mean is not None:  # u^T (x - m) + lam' == (w^T x + b) / |w| with lam' = (b + w^T m) / |w|
+      bias = bias + _imn_tiled(layer, mean, w.shape[0]) @ w
+    try:
+      # Converted in the params' dtype, so its checks (tiny columns, overflow) are that dtype's.
+      return dict(convert.dense_to_gmp(jnp.asarray(w, dtype), jnp.asarray(bias, dtype),
+                                       activation='linear'))
+    except ValueError as e:
+      raise ValueError(f'{where}: {e}') from None
+  if method in ('lcw', 'cwn'):
+    sums = np.abs(w.sum(0))
+    if np.any(sums > 1e-6 * np.linalg.norm(w, axis=0) * math.sqrt(w.shape[0]) + 1e-30):
+      raise ValueError(
+          f'{where}: {method.upper()} constrains every unit\'s weights to sum to zero, but units '
+          f'{np.flatnonzero(sums > 1e-6 * np.linalg.norm(w, axis=0)).tolist()[:10]} do not '
+          f'(max |sum| {sums.max():.3g}): no {method.upper()} weights give the same function. '
+          'Convert a model trained with zero-sum kernels, or train the reparameterized model.')
+    if method == 'lcw':
+      return {'v': np.asarray(wrappers.v_from_kernel(jnp.asarray(w))), 'bias': bias}
+    return {'kernel': kernel, 'scale': np.linalg.norm(w, axis=0), 'bias': bias}
+  # wn: scale * k / sqrt(|k|^2 + eps) with k = w, scale = sqrt(|w|^2 + eps)
+  norm2 = np.sum(w * w, axis=0)
+  return {'kernel': kernel, 'scale': np.sqrt(norm2 + cfg.epsilon), 'bias': bias}
+
+
+def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
+  """Variables of `rp` (from `reparameterize`) with the same function as the plain `variables`.
+
+  Runs the plain model once on `*args, **kwargs` (give evaluation-mode
+  arguments, e.g. `train=False`; a real batch calibrates IMN): finds the selected
+  layers and the BatchNorm layers fed by them, folds each dropped BatchNorm
+  (evaluation statistics) into its layer, converts every layer exactly and
+  returns the new variables. Evaluation outputs of `rp` equal the plain model's
+  up to float rounding.
+
+  Raises ValueError naming the layer for what has no exact form: a dropped
+  BatchNorm whose input is not a selected layer's output, a zero or tiny
+  kernel column (GmP), a kernel whose units do not sum to zero (LCW, CWN).
+
+  IMN's running mean starts at the batch mean of the layer's input, and `lam`
+  absorbs it, for dense layers and convs that pad no zeros; zero-padded convs
+  start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders).
+  """
+  _check_method(rp.method)
+  cfg = _config(rp.method, dict(rp.options))
+  layers, norms = _record(rp, variables, args, kwargs, abstract=False)
+  new = _unfrozen(variables)
+  new.setdefault('params', {})
+  folds = {}
+  for bn_path, call in norms.items():
+    if not (rp.drop_batchnorm and selected(rp, call.layer, bn_path)):
+      continue
+    producer = [p for p, c in layers.items() if c.output is call.inputs]
+    if not producer:
+      raise ValueError(
+          f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
+          'reparameterized Dense/Conv layer, so it cannot be folded (keep it with '
+          'drop_batchnorm=False, or exclude it through `where`).')
+    folds[producer[0]] = _bn_affine(call.layer, variables, bn_path)
+    for col in ('params', 'batch_stats'):
+      if col in new:
+        _pop(new[col], bn_path)
+  for path, call in layers.items():
+    layer = call.layer
+    sp = _get(variables['params'], path)
+    kernel = np.asarray(meta.unbox(sp['kernel']), np.float64)
+    features = kernel.shape[-1]
+    bias = np.asarray(meta.unbox(sp['bias']), np.float64) if 'bias' in sp else np.zeros(features)
+    if path in folds:
+      s, t = folds[path]
+      kernel, bias = kernel * s, bias * s + t
+    mean = None
+    if METHODS[rp.method][1].get('input_mean_norm') and _padding_free(layer):
+      mean = _flat_mean(layer, call.inputs)
+    dtype = jnp.asarray(meta.unbox(sp['kernel'])).dtype
+    stored = _to_stored(rp.method, cfg, layer, kernel, bias, mean, path, dtype)
+    stored = {k: jnp.asarray(v, dtype) for k, v in stored.items()}
+    if 'bias' in stored and not getattr(layer, 'use_bias', True):  # LCW, CWN, WN
+      if np.any(stored['bias'] != 0):
+        raise ValueError(f'layer {_name(path)} has use_bias=False, but the folded BatchNorm '
+                         'needs a bias: set use_bias=True in the model.')
+      del stored['bias']
+    _put(new['params'], path, stored)
+    if METHODS[rp.method][1].get('input_mean_norm'):
+      width = math.prod(jnp.shape(call.inputs)[a] for a in wrappers.contract_axes(
+          layer, jnp.ndim(call.inputs)))
+      mean_dtype = jnp.promote_types(jnp.asarray(call.inputs).dtype, jnp.float32)
+      value = np.zeros(width) if mean is None else mean
+      _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',),
+           {'mean': jnp.asarray(value, mean_dtype)})
+  return new
+
+
+def _from_stored(method, cfg, layer, stored, kernel_shape, mean, path, approximate_borders):
+  """`(kernel, bias)` of the plain layer from `method`'s stored variables (numpy float64)."""
+  f64 = lambda name: np.asarray(meta.unbox(stored[name]), np.float64)
+  features = kernel_shape[-1]
+  if method in ('gmp', 'gmp_imn'):
+    kernel, bias = convert.gmp_to_dense({k: meta.unbox(v) for k, v in stored.items()},
+                                        activation='linear')
+    kernel, bias = np.asarray(kernel, np.float64), np.asarray(bias, np.float64)
+    if mean is not None and np.any(mean != 0):
+      if not _padding_free(layer) and not approximate_borders:
+        raise ValueError(
+            f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
+            'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
+            'approximate_borders=True to fold the mean anyway.')
+      bias = bias - _imn_tiled(layer, mean, kernel.shape[0]) @ kernel
+    return kernel.reshape(kernel_shape), bias
+  bias = f64('bias') if 'bias' in stored else np.zeros(features)
+  if method == 'lcw':
+    return np.asarray(wrappers.kernel_from_v(jnp.asarray(f64('v')), kernel_shape)), bias
+  formula = wrappers.centered_weight_norm if method == 'cwn' else wrappers.weight_norm
+  return np.asarray(formula(f64('kernel'), f64('scale'), cfg.epsilon)), bias
+
+
+def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = False, **kwargs):
+  """Plain variables of `rp.module` with the same evaluation outputs as `rp` with `variables`.
+
+  `*args, **kwargs` are example inputs of the plain model (shapes are traced,
+  nothing runs). Dropped BatchNorm layers come back as the identity (mean 0,
+  variance 1, scale `sqrt(1 + epsilon)`, bias 0). IMN's running mean is folded
+  into the bias; for zero-padded convs that is exact only away from the
+  borders, so it raises unless `approximate_borders=True`.
+  """
+  _check_method(rp.method)
+  cfg = _config(rp.method, dict(rp.options))
+  layers, norms = _record(rp, None, args, kwargs, abstract=True)
+  shapes = jax.eval_shape(lambda: meta.unbox(rp.module.init(jax.random.key(0), *args, **kwargs)))
+  new = _unfrozen(variables)
+  for path, call in layers.items():
+    layer = call.layer
+    stored = _get(variables['params'], path)
+    kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)
+    mean = None
+    if METHODS[rp.method][1].get('input_mean_norm'):
+      mean = np.asarray(_get(variables['batch_stats'], path)['input_mean_norm']['mean'],
+                        np.float64)
+      _pop(new['batch_stats'], path + ('input_mean_norm',))
+    kernel, bias = _from_stored(rp.method, cfg, layer, stored, kernel_shape, mean, path,
+                                approximate_borders)
+    dtype = _get(shapes['params'], path)['kernel'].dtype
+    plain = {'kernel': jnp.asarray(kernel, dtype)}
+    if getattr(layer, 'use_bias', True):
+      plain['bias'] = jnp.asarray(bias, dtype)
+    elif np.any(bias != 0):
+      raise ValueError(f'layer {_name(path)} has use_bias=False in the plain model, but its '
+                       'reparameterized form has a nonzero bias: no plain weights match.')
+    _put(new['params'], path, plain)
+  for path, call in norms.items():
+    if not (rp.drop_batchnorm and selected(rp, call.layer, path)):
+      continue
+    bn = call.layer
+    features = _get(shapes['batch_stats'], path)['mean'].shape
+    dtype = _get(shapes['batch_stats'], path)['mean'].dtype
+    _put(new.setdefault('batch_stats', {}), path,
+         {'mean': jnp.zeros(features, dtype), 'var': jnp.ones(features, dtype)})
+    affine = {}
+    if bn.use_scale:
+      affine['scale'] = jnp.full(features, math.sqrt(1.0 + bn.epsilon), dtype)
+    if bn.use_bias:
+      affine['bias'] = jnp.zeros(features, dtype)
+    if affine:
+      _put(new['params'], path, affine)
+  return new
