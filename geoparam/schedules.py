@@ -78,7 +78,7 @@ _INT32_MAX = 2**31 - 1  # counters (wait, cooldown, epoch) are int32
 
 
 def _check_mode(mode):
-  if not isinstance(mode, str) or mode not in _MODES:
+  if mode not in _MODES:
     raise ValueError(f'mode must be one of {_MODES}, got {mode!r}.')
 
 

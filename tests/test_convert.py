@@ -1,5 +1,7 @@
 """Tests for geoparam.convert: function-preserving SP <-> GmP parameter conversion."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -281,3 +283,166 @@ def test_bad_shapes_raise():
     convert.dense_to_gmp(np.ones((3, 2), np.float32), np.ones((3,), np.float32))
   with pytest.raises(ValueError):
     convert.gmp_to_dense({'theta': jnp.zeros((2, 2))})
+
+
+# --- bad input: tiny and huge columns, activation functions, containers, select ---------------
+
+
+@pytest.mark.parametrize('fan_in', [1, 3])
+def test_column_below_the_smallest_normal_number_raises(fan_in):
+  # Old code: scale flushed to 0 (or a subnormal), lam = inf, theta = 0: a NaN/inf GmP layer.
+  kernel = np.ones((fan_in, 3), np.float32)
+  kernel[:, 1] = 1e-39  # nonzero, but |w| < np.finfo(float32).tiny = 1.18e-38
+  with pytest.raises(ValueError, match=r'kernel columns \[1\] have norm \|w\| .* below the '
+                                       r'smallest normal float32 number \(np.finfo\(float32\)'
+                                       r'.tiny = 1.175e-38\)'):
+    convert.dense_to_gmp(kernel, np.ones(3, np.float32))
+  with pytest.raises(ValueError, match=r'layer hidden: kernel columns \[1\]'):
+    convert.sp_to_gmp({'hidden': {'kernel': kernel}})
+
+
+def test_tiny_column_converts_in_float64(x64):
+  kernel = np.ones((3, 2))
+  kernel[:, 1] = 1e-39  # a normal float64 number
+  params = convert.dense_to_gmp(jnp.asarray(kernel), jnp.asarray([1.0, 2.0]))
+  for v in params.values():
+    assert np.all(np.isfinite(v))
+  assert np.all(params['scale'] > 0)
+  np.testing.assert_allclose(params['lam'][1], 2.0 / (np.sqrt(3) * 1e-39), rtol=1e-12)
+
+
+def test_bias_over_norm_overflowing_raises():
+  kernel = np.full((3, 2), 1e-30, np.float32)  # normal, but b / |w| = 1e10 / 1.7e-30 > max
+  kernel[:, 0] = 1.0
+  with pytest.raises(ValueError, match=r'columns \[1\]: lam = b / \|w\| overflows float32'):
+    convert.dense_to_gmp(kernel, np.full(2, 1e10, np.float32))
+
+
+@pytest.mark.parametrize('kernel_value,bias,match', [
+    (3e38, None, r'kernel columns \[0, 1\] have norm .* above the largest float32 number'),
+    (1.0, [1.0, np.nan], r'bias entries \[1\] are not finite in float32'),
+    (1.0, [1.0, 1e39], r'bias entries \[1\] are not finite in float32'),  # inf once cast
+])
+def test_overflowing_scale_and_non_finite_bias_raise(kernel_value, bias, match):
+  # Old code: scale = inf, or lam = NaN / inf, returned silently.
+  with pytest.raises(ValueError, match=match):
+    convert.dense_to_gmp(np.full((3, 2), kernel_value, np.float32), bias)
+
+
+@pytest.mark.parametrize('fn,name', [
+    (nn.relu, 'relu'), (jax.nn.relu, 'relu'), (nn.leaky_relu, 'leaky_relu'),
+    (jax.nn.leaky_relu, 'leaky_relu'), (jax.nn.identity, None),
+])
+def test_activation_functions_map_to_their_names(fn, name):
+  # Old code: "activation=<function relu> is not positively homogeneous".
+  rng = np.random.default_rng(8)
+  kernel = rng.normal(size=(4, 3)).astype(np.float32)
+  bias = rng.normal(size=3).astype(np.float32)
+  expected = convert.dense_to_gmp(kernel, bias, activation=name)
+  params = convert.dense_to_gmp(kernel, bias, activation=fn)
+  for k in expected:
+    np.testing.assert_array_equal(params[k], expected[k])
+  for a, b in zip(convert.gmp_to_dense(params, activation=fn),
+                  convert.gmp_to_dense(params, activation=name)):
+    np.testing.assert_array_equal(a, b)
+  tree = convert.sp_to_gmp({'h': {'kernel': kernel, 'bias': bias}}, activation=fn)
+  np.testing.assert_array_equal(tree['h']['lam'], expected['lam'])
+  back = convert.gmp_to_sp(tree, activation=fn)
+  np.testing.assert_allclose(back['h']['kernel'], kernel, rtol=1e-5, atol=1e-6)
+
+
+def test_identity_function_allows_negative_scales_and_leaky_slope_partial_converts():
+  params = convert.dense_to_gmp(np.ones((3, 2), np.float32))
+  params = dict(params, scale=jnp.asarray([1.0, -2.0]))
+  kernel, _ = convert.gmp_to_dense(params, activation=jax.nn.identity)
+  np.testing.assert_allclose(kernel[:, 1], -2.0 / np.sqrt(3), rtol=1e-6)
+  with pytest.raises(ValueError, match='scale <= 0'):
+    convert.gmp_to_dense(params, activation=nn.relu)
+  leaky = functools.partial(nn.leaky_relu, negative_slope=0.2)
+  rng = np.random.default_rng(9)
+  kernel = rng.normal(size=(5, 4)).astype(np.float32)
+  bias = rng.normal(size=4).astype(np.float32)
+  x = rng.normal(size=(20, 5)).astype(np.float32)
+  gm = convert.dense_to_gmp(kernel, bias, activation=leaky)
+  out = geoparam.GmPDense(4, activation=leaky).apply({'params': gm}, x)
+  np.testing.assert_allclose(out, leaky(x @ kernel + bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('fn', [nn.sigmoid, nn.gelu, lambda z: z, functools.partial(nn.gelu),
+                                functools.partial(nn.relu, negative_slope=0.1)])
+def test_other_activation_functions_raise_listing_the_accepted_ones(fn):
+  kernel = np.ones((3, 2), np.float32)
+  match = (r'activation=.* is not a positively homogeneous activation that conversion knows.*'
+           r'accepted: .*None \(linear\), or the function jax.nn.relu / flax.linen.relu')
+  with pytest.raises(ValueError, match=match):
+    convert.dense_to_gmp(kernel, activation=fn)
+  params = convert.dense_to_gmp(kernel)
+  for call in (lambda: convert.gmp_to_dense(params, activation=fn),
+               lambda: convert.sp_to_gmp({'l': {'kernel': kernel}}, activation=fn),
+               lambda: convert.gmp_to_sp({'l': params}, activation=fn),
+               lambda: convert.sp_to_gmp({}, activation=fn)):  # checked even without layers
+    with pytest.raises(ValueError, match=match):
+      call()
+
+
+def _sp_layer():
+  return {'kernel': np.ones((3, 2), np.float32), 'bias': np.zeros(2, np.float32)}
+
+
+@pytest.mark.parametrize('make', [lambda layer: [layer, layer], lambda layer: (layer,),
+                                  lambda layer: {'blocks': [layer, layer]},
+                                  lambda layer: {'a': {'b': ({'c': layer},)}}])
+def test_lists_and_tuples_of_layers_raise(make):
+  # Old code returned lists and tuples unchanged: nothing converted, no error.
+  with pytest.raises(TypeError, match=r'params must be a nested dict \(Mapping\) of layers.*'
+                                      r'got (a )?(list|tuple)'):
+    convert.sp_to_gmp(make(_sp_layer()))
+  gmp_layer = convert.dense_to_gmp(np.ones((3, 2), np.float32))
+  with pytest.raises(TypeError, match=r'params must be a nested dict \(Mapping\).*(list|tuple)'):
+    convert.gmp_to_sp(make(gmp_layer))
+  # Lists without layers in a dict are left alone, as before.
+  assert convert.sp_to_gmp({'steps': [1, 2], 'h': _sp_layer()})['steps'] == [1, 2]
+
+
+@pytest.mark.parametrize('params', [np.ones(3), None])
+def test_params_that_are_no_dict_raise(params):
+  with pytest.raises(TypeError, match='params must be a nested dict'):  # old: returned as is
+    convert.sp_to_gmp(params)
+  with pytest.raises(TypeError, match='params must be a nested dict'):
+    convert.gmp_to_sp(params)
+
+
+@pytest.mark.parametrize('select', [['h'], 'h', ('h',), True])
+def test_select_must_be_callable(select):
+  # Old code: "'list' object is not callable" from deep in the walk (or nothing for no layers).
+  with pytest.raises(TypeError, match='select must be a callable taking a layer path tuple'):
+    convert.sp_to_gmp({'h': _sp_layer()}, select=select)
+
+
+def test_integer_kernel_does_not_truncate_a_float_bias():
+  # Old code cast the bias to the kernel's int dtype: 0.5 became 0.
+  params = convert.dense_to_gmp(np.ones((3, 2), np.int32), [0.5, 1.5])
+  assert jnp.issubdtype(params['lam'].dtype, jnp.floating)
+  np.testing.assert_allclose(params['lam'], np.array([0.5, 1.5]) / np.sqrt(3), rtol=1e-6)
+
+
+def test_gmp_entries_of_the_wrong_shape_or_not_finite_raise():
+  params = convert.dense_to_gmp(np.ones((3, 2), np.float32))
+  # Old code broadcast a (1,) lam / scale silently and passed NaN scales (nan <= 0 is False).
+  with pytest.raises(ValueError, match=r'lam must have shape \(2,\) to match theta of shape '
+                                       r'\(2, 2\).*got shape \(1,\)'):
+    convert.gmp_to_dense(dict(params, lam=jnp.ones(1)))
+  with pytest.raises(ValueError, match=r'scale must have shape \(2,\)'):
+    convert.gmp_to_dense(dict(params, scale=jnp.ones(1)))
+  with pytest.raises(ValueError, match=r'scale has entries that are not finite \(units \[1\]\)'):
+    convert.gmp_to_dense(dict(params, scale=jnp.asarray([1.0, np.nan])))
+  with pytest.raises(ValueError, match=r'theta has entries that are not finite \(units \[0\]\)'):
+    convert.gmp_to_dense(dict(params, theta=params['theta'].at[1, 0].set(np.inf)))
+  with pytest.raises(ValueError, match=r'layer h: unexpected entries \[.bias.\] besides theta'):
+    convert.gmp_to_sp({'h': dict(params, bias=jnp.zeros(2))})  # old code dropped 'bias'
+  with pytest.raises(TypeError, match="params must be a dict of one GmP layer's entries"):
+    convert.gmp_to_dense([params])
+  with pytest.raises(ValueError, match=r"layer h: unexpected entries \['extra'\] besides kernel"):
+    convert.sp_to_gmp({'h': dict(_sp_layer(), extra=jnp.ones(2))})
+  with pytest.raises(ValueError, match='`like` has no SP kernel at h'):
+    convert.gmp_to_sp({'h': params}, like={'h': {'theta': params['theta']}})  # old: KeyError
