@@ -173,7 +173,7 @@ def reparameterize(model: nn.Module, method: str, *, where: Where | None = None,
   _config(method, options)  # unknown options fail here, not at the first call
   return Reparameterized(model, method, where=where, exclude=tuple(exclude),
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
-                         options=flax.core.FrozenDict(options), parent=None)
+                         options=flax.core.FrozenDict(options))
 
 
 # ----------------------------------------------------------------------------- weights
@@ -215,6 +215,22 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
   else:
     run(variables)
   return layers, norms
+
+
+def _dropped(rp, layers, norms):
+  """`{layer path: BatchNorm path}` for each dropped BatchNorm, fed by that layer's output."""
+  pairs = {}
+  for bn_path, call in norms.items():
+    if not (rp.drop_batchnorm and selected(rp, call.layer, bn_path)):
+      continue
+    producer = [p for p, c in layers.items() if c.output is call.inputs]
+    if not producer:
+      raise ValueError(
+          f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
+          'reparameterized Dense/Conv layer, so it cannot be folded (keep it with '
+          'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
+    pairs[producer[0]] = bn_path
+  return pairs
 
 
 def _get(tree, path):
@@ -284,9 +300,19 @@ def _flat_mean(layer, x):
   return moved.reshape(-1, math.prod(moved.shape[x.ndim - len(axes):])).mean(0)
 
 
-def _imn_tiled(layer, mean, fan_in):
-  """The input mean laid out along the kernel's fan-in axes, `(fan_in,)`."""
-  return np.broadcast_to(mean, (fan_in // mean.size, mean.size)).reshape(-1)
+def _mean_dot(layer, mean, kernel):
+  """`w_f^T m` per unit `(F,)`: the IMN running mean `m` against a kernel in its layer shape.
+
+  A conv sees the channels of its group at every window position; a dense layer
+  the flattened contracted axes.
+  """
+  features = kernel.shape[-1]
+  if isinstance(layer, nn.Conv):
+    groups = layer.feature_group_count
+    per_unit = np.repeat(mean.reshape(groups, -1), features // groups, axis=0)  # (F, C_in / g)
+    window_sum = kernel.reshape((-1,) + kernel.shape[-2:]).sum(0)  # (C_in / g, F)
+    return np.einsum('cf,fc->f', window_sum, per_unit)
+  return mean @ kernel.reshape(-1, features)
 
 
 def _to_stored(method, cfg, layer, kernel, bias, mean, path, dtype):
@@ -296,7 +322,7 @@ def _to_stored(method, cfg, layer, kernel, bias, mean, path, dtype):
   where = f'layer {_name(path)}'
   if method in ('gmp', 'gmp_imn'):
     if mean is not None:  # u^T (x - m) + lam' == (w^T x + b) / |w| with lam' = (b + w^T m) / |w|
-      bias = bias + _imn_tiled(layer, mean, w.shape[0]) @ w
+      bias = bias + _mean_dot(layer, mean, kernel)
     try:
       # Converted in the params' dtype, so its checks (tiny columns, overflow) are that dtype's.
       return dict(convert.dense_to_gmp(jnp.asarray(w, dtype), jnp.asarray(bias, dtype),
@@ -343,16 +369,8 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   new = _unfrozen(variables)
   new.setdefault('params', {})
   folds = {}
-  for bn_path, call in norms.items():
-    if not (rp.drop_batchnorm and selected(rp, call.layer, bn_path)):
-      continue
-    producer = [p for p, c in layers.items() if c.output is call.inputs]
-    if not producer:
-      raise ValueError(
-          f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
-          'reparameterized Dense/Conv layer, so it cannot be folded (keep it with '
-          'drop_batchnorm=False, or exclude it through `where`).')
-    folds[producer[0]] = _bn_affine(call.layer, variables, bn_path)
+  for layer_path, bn_path in _dropped(rp, layers, norms).items():
+    folds[layer_path] = _bn_affine(norms[bn_path].layer, variables, bn_path)
     for col in ('params', 'batch_stats'):
       if col in new:
         _pop(new[col], bn_path)
@@ -394,15 +412,16 @@ def _from_stored(method, cfg, layer, stored, kernel_shape, mean, path, approxima
   if method in ('gmp', 'gmp_imn'):
     kernel, bias = convert.gmp_to_dense({k: meta.unbox(v) for k, v in stored.items()},
                                         activation='linear')
-    kernel, bias = np.asarray(kernel, np.float64), np.asarray(bias, np.float64)
+    kernel = np.asarray(kernel, np.float64).reshape(kernel_shape)
+    bias = np.asarray(bias, np.float64)
     if mean is not None and np.any(mean != 0):
       if not _padding_free(layer) and not approximate_borders:
         raise ValueError(
             f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
             'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
             'approximate_borders=True to fold the mean anyway.')
-      bias = bias - _imn_tiled(layer, mean, kernel.shape[0]) @ kernel
-    return kernel.reshape(kernel_shape), bias
+      bias = bias - _mean_dot(layer, mean, kernel)
+    return kernel, bias
   bias = f64('bias') if 'bias' in stored else np.zeros(features)
   if method == 'lcw':
     return np.asarray(wrappers.kernel_from_v(jnp.asarray(f64('v')), kernel_shape)), bias
@@ -423,7 +442,9 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   cfg = _config(rp.method, dict(rp.options))
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   shapes = jax.eval_shape(lambda: meta.unbox(rp.module.init(jax.random.key(0), *args, **kwargs)))
+  dropped = _dropped(rp, layers, norms)
   new = _unfrozen(variables)
+  biases = {}  # layers without a bias of their own: their bias goes to the dropped BatchNorm
   for path, call in layers.items():
     layer = call.layer
     stored = _get(variables['params'], path)
@@ -439,23 +460,25 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     plain = {'kernel': jnp.asarray(kernel, dtype)}
     if getattr(layer, 'use_bias', True):
       plain['bias'] = jnp.asarray(bias, dtype)
-    elif np.any(bias != 0):
-      raise ValueError(f'layer {_name(path)} has use_bias=False in the plain model, but its '
-                       'reparameterized form has a nonzero bias: no plain weights match.')
+    else:
+      biases[path] = bias
     _put(new['params'], path, plain)
-  for path, call in norms.items():
-    if not (rp.drop_batchnorm and selected(rp, call.layer, path)):
-      continue
-    bn = call.layer
-    features = _get(shapes['batch_stats'], path)['mean'].shape
-    dtype = _get(shapes['batch_stats'], path)['mean'].dtype
-    _put(new.setdefault('batch_stats', {}), path,
+  for layer_path, bn_path in dropped.items():
+    bn = norms[bn_path].layer
+    stats = _get(shapes['batch_stats'], bn_path)['mean']
+    features, dtype = stats.shape, stats.dtype
+    _put(new.setdefault('batch_stats', {}), bn_path,
          {'mean': jnp.zeros(features, dtype), 'var': jnp.ones(features, dtype)})
     affine = {}
     if bn.use_scale:
       affine['scale'] = jnp.full(features, math.sqrt(1.0 + bn.epsilon), dtype)
-    if bn.use_bias:
-      affine['bias'] = jnp.zeros(features, dtype)
+    if bn.use_bias:  # takes the bias of a layer that has none
+      affine['bias'] = jnp.asarray(biases.pop(layer_path, np.zeros(features)), dtype)
     if affine:
-      _put(new['params'], path, affine)
+      _put(new['params'], bn_path, affine)
+  for layer_path, bias in biases.items():
+    if np.any(bias != 0):
+      raise ValueError(f'layer {_name(layer_path)} has use_bias=False in the plain model (and '
+                       'no dropped BatchNorm after it to carry a bias), but its reparameterized '
+                       'form has a nonzero bias: no plain weights match.')
   return new

@@ -1,0 +1,232 @@
+"""Whole-model transform: unmodified Flax models reparameterized with their trained weights kept."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import geoparam
+from transform_models import ResNet, SmallCNN, TransformerMLP
+
+
+def _train(model, variables, x, y, steps, lr=1e-2, loss='xent'):
+  """A few Adam steps in training mode; returns (variables, losses)."""
+  tx = optax.adam(lr)
+  params = variables['params']
+  rest = {k: v for k, v in variables.items() if k != 'params'}
+
+  def loss_fn(params, rest):
+    out, upd = model.apply({'params': params, **rest}, x, train=True, mutable=list(rest))
+    if loss == 'xent':
+      value = optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
+    else:
+      value = jnp.mean((out - y) ** 2)
+    return value, upd
+
+  @jax.jit
+  def step(params, rest, opt):
+    (value, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), dict(rest), opt, value
+
+  opt = tx.init(params)
+  losses = []
+  for _ in range(steps):
+    params, rest, opt, value = step(params, rest, opt)
+    losses.append(float(value))
+  return {'params': params, **rest}, losses
+
+
+def _rel(a, b):
+  return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+@pytest.fixture(scope='module')
+def resnet_sp():
+  """A small flax-examples-style ResNet (BasicBlock + Bottleneck, BN) trained 5 SP steps."""
+  model = ResNet()
+  x = jax.random.normal(jax.random.key(0), (8, 16, 16, 3))
+  y = jax.random.randint(jax.random.key(1), (8,), 0, 5)
+  variables = model.init(jax.random.key(2), x, train=False)
+  variables, losses = _train(model, variables, x, y, 5)
+  assert losses[-1] < losses[0]
+  return model, variables, x, y
+
+
+def test_resnet_gmp_imn_drop_bn_keeps_function_trains_and_bakes(resnet_sp):
+  model, sp, x, y = resnet_sp
+  ref = model.apply(sp, x, train=False)
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True)
+  new = geoparam.to_reparameterized(rp, sp, x, train=False)
+  # Every conv is GmP with IMN, no BatchNorm is left, the head is plain.
+  flat = jax.tree_util.tree_flatten_with_path(new)[0]
+  names = {jax.tree_util.keystr(p) for p, _ in flat}
+  assert not any('bn' in n.lower() or "'var'" in n or 'BatchNorm' in n for n in names), names
+  assert set(new['params']['head']) == {'kernel', 'bias'}
+  assert set(new['params']['conv_init']) == {'theta', 'lam', 'scale'}
+  assert set(new['params']['Bottleneck_0']['proj']) == {'theta', 'lam', 'scale'}
+  assert 'input_mean_norm' in new['batch_stats']['BasicBlock_0']['Conv_0']
+  out = rp.apply(new, x, train=False)
+  assert _rel(out, ref) <= 1e-4
+  # Training goes on from the converted weights and the loss falls.
+  trained, losses = _train(rp, new, x, y, 8)
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+  # Bake back into the ORIGINAL model (BatchNorm back as an identity carrying the bias).
+  baked = geoparam.bake(rp, trained, x, train=False, approximate_borders=True)
+  assert jax.tree.structure(baked) == jax.tree.structure(sp)
+  np.testing.assert_allclose(model.apply(baked, x, train=False),
+                             rp.apply(trained, x, train=False), rtol=0, atol=0.05)
+  with pytest.raises(ValueError, match='approximate_borders'):
+    geoparam.bake(rp, trained, x, train=False)
+
+
+def test_resnet_bake_round_trip_is_exact_before_training(resnet_sp):
+  model, sp, x, _ = resnet_sp
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True)
+  baked = geoparam.bake(rp, geoparam.to_reparameterized(rp, sp, x, train=False), x, train=False)
+  ref = model.apply(sp, x, train=False)
+  assert _rel(model.apply(baked, x, train=False), ref) <= 1e-4
+
+
+@pytest.mark.parametrize('method', ['gmp', 'wn'])
+def test_resnet_keep_bn_exact(resnet_sp, method):
+  model, sp, x, _ = resnet_sp
+  rp = geoparam.reparameterize(model, method)
+  new = geoparam.to_reparameterized(rp, sp, x, train=False)
+  assert 'scale' in new['params']['bn_init']  # BN kept
+  ref = model.apply(sp, x, train=False)
+  assert _rel(rp.apply(new, x, train=False), ref) <= 1e-4
+  baked = geoparam.bake(rp, new, x, train=False)
+  assert _rel(model.apply(baked, x, train=False), ref) <= 1e-4
+
+
+@pytest.mark.parametrize('method', ['lcw', 'cwn'])
+def test_resnet_constrained_methods_exact_for_zero_sum_kernels(resnet_sp, method):
+  """LCW/CWN constrain kernels to sum to zero: exact for zero-sum SP kernels, an error otherwise."""
+  model, sp, x, y = resnet_sp
+  rp = geoparam.reparameterize(model, method, exclude=['head'])
+  with pytest.raises(ValueError, match='sum to zero'):
+    geoparam.to_reparameterized(rp, sp, x, train=False)
+
+  def centre(path, leaf):
+    keys = [getattr(k, 'key', None) for k in path]
+    if keys[-1] == 'kernel' and 'head' not in keys:
+      return leaf - leaf.mean(axis=tuple(range(leaf.ndim - 1)), keepdims=True)
+    return leaf
+
+  zero_sum = {**sp, 'params': jax.tree_util.tree_map_with_path(centre, sp['params'])}
+  new = geoparam.to_reparameterized(rp, zero_sum, x, train=False)
+  ref = model.apply(zero_sum, x, train=False)
+  assert _rel(rp.apply(new, x, train=False), ref) <= 1e-4
+  trained, losses = _train(rp, new, x, y, 5)
+  assert losses[-1] < losses[0]
+  baked = geoparam.bake(rp, new, x, train=False)
+  assert _rel(model.apply(baked, x, train=False), ref) <= 1e-4
+
+
+def test_transformer_mlp_dense_general_gelu():
+  model = TransformerMLP()
+  x = jax.random.normal(jax.random.key(0), (4, 5, 2, 4)) + 0.5
+  sp = model.init(jax.random.key(1), x)
+  sp, _ = _train(model, sp, x, x * 0.5, 5, loss='mse')
+  ref = model.apply(sp, x)
+  for method in ('gmp', 'gmp_imn', 'wn'):
+    rp = geoparam.reparameterize(model, method)
+    new = geoparam.to_reparameterized(rp, sp, x)
+    assert new['params']['up']['theta' if 'gmp' in method else 'kernel'].shape[0] in (7, 2, 8)
+    # GELU is not homogeneous: exact anyway, the scale sits inside the activation.
+    assert _rel(rp.apply(new, x, train=False), ref) <= 1e-4, method
+    if method == 'gmp_imn':  # the DenseGeneral input mean is (heads * head_dim,), calibrated
+      up_input = nn.LayerNorm().apply({'params': sp['params']['ln']}, x)
+      np.testing.assert_allclose(new['batch_stats']['up']['input_mean_norm']['mean'],
+                                 np.asarray(up_input).reshape(-1, 8).mean(0), rtol=1e-4, atol=1e-6)
+      out, _ = rp.apply(new, x, train=True, mutable=['batch_stats'])
+      assert _rel(out, ref) <= 1e-4  # the calibration batch itself: train mode agrees too
+    assert _rel(model.apply(geoparam.bake(rp, new, x), x), ref) <= 1e-4
+
+
+def test_small_cnn_valid_circular_grouped_tanh():
+  model = SmallCNN()
+  x = jax.random.normal(jax.random.key(0), (6, 10, 10, 2)) + 1.0
+  sp = model.init(jax.random.key(1), x)
+  ref = model.apply(sp, x)
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'])
+  new = geoparam.to_reparameterized(rp, sp, x)
+  # VALID and CIRCULAR pad no zeros: the running mean is calibrated, bake is exact.
+  assert np.all(np.asarray(new['batch_stats']['c1']['input_mean_norm']['mean']) != 0)
+  assert _rel(rp.apply(new, x), ref) <= 1e-4
+  assert _rel(model.apply(geoparam.bake(rp, new, x), x), ref) <= 1e-4
+
+
+def test_where_predicate_and_nested_model():
+  class Outer(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      body = geoparam.reparameterize(
+          SmallCNN(name='body'), 'gmp', where=lambda layer, path: isinstance(layer, nn.Conv))
+      return body(x)
+
+  x = jnp.ones((2, 10, 10, 2))
+  params = Outer().init(jax.random.key(0), x)['params']
+  assert set(params) == {'body'}
+  assert set(params['body']['c1']) == {'theta', 'lam', 'scale'}
+  assert set(params['body']['head']) == {'kernel', 'bias'}  # not a Conv: kept plain
+
+
+def test_initialization_layer_keeps_the_models_init_norms():
+  model = SmallCNN()
+  x = jnp.ones((2, 10, 10, 2))
+  rp = geoparam.reparameterize(model, 'gmp', initialization='layer')
+  v = rp.init(jax.random.key(0), x)
+  scale = np.asarray(v['params']['c1']['scale'])
+  assert not np.allclose(scale, 1.0)  # lecun-normal column norms, not the paper's 1
+  assert 0.3 < scale.mean() < 3.0
+  paper = geoparam.reparameterize(model, 'gmp').init(jax.random.key(0), x)
+  np.testing.assert_array_equal(paper['params']['c1']['scale'], 1.0)
+
+
+def test_imn_switch_follows_batch_stats_mutability():
+  model = TransformerMLP()
+  x = jax.random.normal(jax.random.key(0), (4, 5, 2, 4)) + 2.0
+  rp = geoparam.reparameterize(model, 'gmp_imn')
+  v = rp.init(jax.random.key(1), x)
+  _, upd = rp.apply(v, x, mutable=['batch_stats'])  # training: batch mean, running mean moves
+  assert not np.allclose(upd['batch_stats']['up']['input_mean_norm']['mean'], 0)
+  eval_out = rp.apply(v, x)  # evaluation: running mean (zeros), no update
+  fixed = geoparam.reparameterize(model, 'gmp_imn', use_running_average=True)
+  np.testing.assert_array_equal(fixed.apply(v, x), eval_out)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_bad_method_and_options():
+  with pytest.raises(ValueError, match="method must be one of"):
+    geoparam.reparameterize(SmallCNN(), 'gmpp')
+  with pytest.raises(TypeError, match='unknown'):
+    geoparam.reparameterize(SmallCNN(), 'lcw', momentum=0.9)
+
+
+def test_dropped_bn_without_a_layer_before_it():
+  class PreAct(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      x = nn.BatchNorm(use_running_average=not train)(x + 1.0)
+      return nn.Dense(3)(x)
+
+  x = jnp.ones((2, 4))
+  sp = PreAct().init(jax.random.key(0), x)
+  rp = geoparam.reparameterize(PreAct(), 'gmp_imn', drop_batchnorm=True)
+  with pytest.raises(ValueError, match='BatchNorm_0 is dropped but its input'):
+    geoparam.to_reparameterized(rp, sp, x)
+
+
+def test_zero_column_names_the_layer():
+  model = SmallCNN()
+  x = jnp.ones((2, 10, 10, 2))
+  sp = model.init(jax.random.key(0), x)
+  sp['params']['c1']['kernel'] = sp['params']['c1']['kernel'].at[..., 2].set(0.0)
+  rp = geoparam.reparameterize(model, 'gmp')
+  with pytest.raises(ValueError, match='layer c1'):
+    geoparam.to_reparameterized(rp, sp, x)
