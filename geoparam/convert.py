@@ -41,7 +41,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from geoparam import gmp
-from geoparam import hyperspherical
 
 __all__ = ['dense_to_gmp', 'gmp_to_dense', 'sp_to_gmp', 'gmp_to_sp', 'HOMOGENEOUS']
 
@@ -158,13 +157,7 @@ def dense_to_gmp(kernel, bias=None, activation: str | None = 'relu') -> dict[str
     raise ValueError(
         f'bias entries {_columns(~np.isfinite(bias_np))} are not finite in {dtype} (inf or NaN, '
         f'or beyond np.finfo({dtype}).max = {float(finfo.max):.4g} once cast to it).')
-  if w.shape[0] == 1:
-    scale = jnp.abs(w[0])
-    out = {'theta': jnp.zeros((0, features), dtype), 'lam': bias / scale, 'scale': scale,
-           'sign': jnp.sign(w[0])}
-  else:
-    theta, scale = jax.vmap(hyperspherical.from_cartesian, in_axes=1, out_axes=(1, 0))(w)
-    out = {'theta': theta, 'lam': bias / scale, 'scale': scale}
+  out = gmp.gmp_from_dense(w, bias)
   # Checked in the returned dtype: what the GmP model will compute with.
   scale_np, lam_np = np.asarray(out['scale']), np.asarray(out['lam'])
   bad_scale = ~(np.isfinite(scale_np) & (scale_np > 0))
