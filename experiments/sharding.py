@@ -1,7 +1,32 @@
 """Mesh, shardings, global batches and multi-host start-up (jit + NamedSharding, no pmap).
 
 The mesh has a `data` axis over which the batch is split and, optionally, a
-second `model` axis; parameters and optimizer state are replicated by default.
+second `model` axis over which parameters are stored FSDP-style, split along
+their FEATURE axes: each device of a `model` row keeps 1/n of every parameter
+(n = the `model` axis size), and XLA all-gathers a parameter before it is used
+(`gather_params` inside the step); the gradient, summed over the global batch,
+is split again for the update (a reduce-scatter where XLA fuses it). The batch
+is split over `data` only, so the devices of one `model` row compute the same
+thing on the same examples; the `model` axis saves memory, not compute.
+
+Which axis is split (`param_shardings`):
+
+- partitioning metadata when the model supplies it: `nn.Partitioned` boxes from
+  `nn.with_partitioning(init, names)`, read with `nn.get_partition_spec`;
+  the name `'model'` is the mesh's `model` axis (dropped on a mesh without
+  one), and a name that is no mesh axis is an error;
+- otherwise the rule `feature_spec`: the LAST axis (the output features of a
+  Dense/Conv kernel, of a bias or scale, of GmP's `theta (fan_in - 1, features)`)
+  over `model` when its size is divisible by the `model` axis size, else
+  replicated. Scalars are replicated. GmP's fan-in axis, a sequential product
+  of sines, is therefore never split.
+
+Optimizer-state subtrees that mirror the parameters (momentum, Adam moments)
+get the parameters' shardings (`mirror_shardings`); every other leaf, e.g.
+`batch_stats` (per-feature vectors), follows `feature_spec`, so counters and
+schedules stay replicated. On a mesh without a `model` axis (or with one of
+size 1) everything but the batch is replicated: plain data parallelism.
+
 Under `jax.jit` with a batch sharded over `data`, the batch means inside
 BatchNorm / MBN / IMN are means over the GLOBAL batch (XLA inserts the
 all-reduce), so the statistics do not depend on the number of devices.
@@ -10,7 +35,9 @@ all-reduce), so the statistics do not depend on the number of devices.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -74,6 +101,92 @@ def make_mesh(shape: Sequence[int] = (-1,), devices=None) -> Mesh:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def _model_size(mesh: Mesh) -> int:
+  return int(mesh.shape[MODEL]) if MODEL in mesh.axis_names else 1
+
+
+def feature_spec(shape: Sequence[int], mesh: Mesh) -> P:
+  """The rule for a leaf without partitioning metadata: last axis over `model` when divisible.
+
+  `P(None, ..., 'model')` when the mesh has a `model` axis, the leaf has at least one
+  dimension and its last one is a multiple of the `model` axis size; else `P()`.
+  """
+  shape = tuple(shape)
+  if MODEL not in mesh.axis_names or not shape or shape[-1] % _model_size(mesh):
+    return P()
+  return P(*([None] * (len(shape) - 1)), MODEL)
+
+
+def _metadata_spec(path: str, box: nn.Partitioned, mesh: Mesh) -> P:
+  """`nn.get_partition_spec` of one box, with its names checked against the mesh."""
+  shape = tuple(box.value.shape)
+  spec = tuple(nn.get_partition_spec(box))
+  if len(spec) > len(shape):
+    raise ValueError(f'partitioning names {box.names} of {path} have more entries than its '
+                     f'shape {shape}.')
+  out = []
+  for dim, entry in zip(shape, spec):
+    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    unknown = [n for n in names if n != MODEL and n not in mesh.axis_names]
+    if unknown:
+      raise ValueError(f'partitioning names {box.names} of {path} name {unknown}, which are no '
+                       f'axes of the mesh {dict(mesh.shape)} (logical names must be mapped to '
+                       f'mesh axes first).')
+    names = tuple(n for n in names if n in mesh.axis_names)  # 'model' on a 1-axis mesh: dropped
+    parts = int(np.prod([mesh.shape[n] for n in names]))
+    if dim % parts:
+      raise ValueError(f'{path} has shape {shape}; its axis of size {dim} cannot be split '
+                       f'{parts} ways over {names} of the mesh {dict(mesh.shape)}.')
+    out.append(None if not names else names[0] if len(names) == 1 else names)
+  while out and out[-1] is None:  # P(None, None) -> P(): the same sharding, one spelling
+    out.pop()
+  return P(*out)
+
+
+def param_shardings(mesh: Mesh, params: Any) -> Any:
+  """NamedShardings of a (possibly boxed) parameter tree, e.g. `jax.eval_shape(model.init, ...)`.
+
+  `nn.Partitioned` leaves use their metadata, all others `feature_spec`; the result
+  has the structure of the UNBOXED tree (`nn.unbox(params)`).
+  """
+  def one(path, x):
+    if isinstance(x, nn.LogicallyPartitioned):
+      raise ValueError(f'{jax.tree_util.keystr(path)} has logical partitioning names {x.names}; '
+                       'use nn.with_partitioning with mesh axis names.')
+    if isinstance(x, nn.Partitioned):
+      return NamedSharding(mesh, _metadata_spec(jax.tree_util.keystr(path), x, mesh))
+    return NamedSharding(mesh, feature_spec(np.shape(x), mesh))
+  return jax.tree_util.tree_map_with_path(
+      one, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
+def mirror_shardings(mesh: Mesh, tree: Any, params: Any, shardings: Any) -> Any:
+  """Shardings of e.g. an optimizer state: subtrees shaped like `params` get `shardings`.
+
+  A subtree mirrors the parameters when it has their tree structure and leaf shapes
+  (optax's `mu`, `nu`, `trace`); every other leaf follows `feature_spec` (scalar
+  counts and hyperparameters: replicated). `tree` and `params` may hold arrays or
+  `jax.ShapeDtypeStruct`s.
+  """
+  p_leaves, p_def = jax.tree.flatten(params)
+  p_shapes = [np.shape(x) for x in p_leaves]
+
+  def mirrors(x):
+    leaves, treedef = jax.tree.flatten(x)
+    return treedef == p_def and [np.shape(l) for l in leaves] == p_shapes
+
+  def one(x):
+    if mirrors(x):
+      return shardings
+    return NamedSharding(mesh, feature_spec(np.shape(x), mesh))
+  return jax.tree.map(one, tree, is_leaf=mirrors)
+
+
+def gather_params(tree: Any, mesh: Mesh) -> Any:
+  """`tree` constrained to be replicated: inside jit, the all-gather of FSDP before use."""
+  return jax.lax.with_sharding_constraint(tree, replicated(mesh))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -5,9 +5,15 @@ The shape of flax's `examples/imagenet` and big_vision's `train.py`:
 - the train state (params, optional `batch_stats` of BN/MBN/IMN, optimizer
   state, LR-schedule and early-stopping states, the epoch's running metric
   sums, step and epoch counters) is ONE pytree of arrays, created by
-  `jax.jit(init, out_shardings=...)` on a `Mesh` (parameters replicated);
+  `jax.jit(init, out_shardings=...)` on a `Mesh`, shapes from `jax.eval_shape`;
+- FSDP-style feature-axis sharding over the mesh's optional `model` axis
+  (`experiments/sharding.py`): every parameter is stored split along its
+  last (output-features) axis, or as its `nn.with_partitioning` metadata
+  says, the optimizer moments like their parameters, `batch_stats` by the
+  same last-axis rule, scalars replicated; the step all-gathers parameters
+  and statistics before use. Without a `model` axis: plain data parallelism;
 - the step is `jax.jit(step, in_shardings, out_shardings, donate_argnums=0)`
-  on a batch sharded over the mesh's `data` axis, assembled from each
+  on a batch sharded over the mesh's `data` axis (only), assembled from each
   process's part with `jax.make_array_from_process_local_data`; BN/MBN/IMN
   means are therefore over the global batch;
 - after every epoch: evaluation (top-1/top-5/loss), the LR rule
@@ -117,8 +123,13 @@ def stop_schedule(config) -> schedules.Schedule:
                                   min_delta=config.stop_min_delta)
 
 
+def init_variables(model, image_shape, rng):
+  """`model.init` on one zero image; leaves are `nn.Partitioned` where the model says so."""
+  return model.init(rng, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
+
+
 def init_state(config, model, tx, image_shape, rng) -> TrainState:
-  variables = model.init(rng, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
+  variables = nn.unbox(init_variables(model, image_shape, rng))
   params = variables['params']
   batch_stats = variables.get('batch_stats', {})
   zero = jnp.zeros((), jnp.int32)
@@ -144,12 +155,16 @@ def _metric_sums(logits, labels, mask):
           'top5': jnp.sum(jnp.any(hits, axis=-1) * mask), 'count': jnp.sum(mask)}
 
 
-def make_train_step(model, tx, mean_std, seed: int = 0) -> Callable:
+def make_train_step(model, tx, mean_std, seed: int = 0, mesh=None) -> Callable:
   """`(state, batch) -> (state, step_loss)`; the model's `batch_stats` are updated.
 
   Dropout (if the model has any) draws from `fold_in(key(seed), step)`: deterministic
-  and the same after a resume.
+  and the same after a resume. With a `mesh`, parameters and statistics are gathered
+  (replicated) before use, the FSDP all-gather; their gradients and updates are
+  resharded by the step's `out_shardings`.
   """
+  gather = (lambda t: t) if mesh is None else functools.partial(sharding.gather_params,
+                                                                mesh=mesh)
 
   def step(state: TrainState, batch):
     x = _normalize(batch['image'], mean_std)
@@ -159,9 +174,9 @@ def make_train_step(model, tx, mean_std, seed: int = 0) -> Callable:
     rngs = {'dropout': jax.random.fold_in(jax.random.key(seed), state.step)}
 
     def loss_fn(params):
-      variables = {'params': params}
+      variables = {'params': gather(params)}
       if has_stats:
-        variables['batch_stats'] = state.batch_stats
+        variables['batch_stats'] = gather(state.batch_stats)
         logits, new = model.apply(variables, x, train=True, mutable=['batch_stats'], rngs=rngs)
       else:
         logits, new = model.apply(variables, x, train=True, rngs=rngs), {}
@@ -182,13 +197,15 @@ def make_train_step(model, tx, mean_std, seed: int = 0) -> Callable:
   return step
 
 
-def make_eval_step(model, mean_std) -> Callable:
+def make_eval_step(model, mean_std, mesh=None) -> Callable:
   """`(state, batch, acc) -> acc`, masked metric sums accumulated over the eval set."""
+  gather = (lambda t: t) if mesh is None else functools.partial(sharding.gather_params,
+                                                                mesh=mesh)
 
   def step(state: TrainState, batch, acc):
-    variables = {'params': state.params}
+    variables = {'params': gather(state.params)}
     if jax.tree.leaves(state.batch_stats):
-      variables['batch_stats'] = state.batch_stats
+      variables['batch_stats'] = gather(state.batch_stats)
     logits = model.apply(variables, _normalize(batch['image'], mean_std), train=False)
     m = _metric_sums(logits, batch['label'], batch['mask'])
     return {k: acc[k] + m[k] for k in SUM_KEYS}
@@ -211,6 +228,18 @@ def make_end_of_epoch(config, tx) -> Callable:
   return end
 
 
+def state_shardings(mesh, state_shapes: TrainState, boxed_params) -> TrainState:
+  """NamedShardings of the train state (see `experiments/sharding.py` for the scheme).
+
+  `boxed_params`: the `params` of `jax.eval_shape(init_variables, ...)`, whose
+  `nn.Partitioned` boxes carry the model's partitioning metadata.
+  """
+  params = sharding.param_shardings(mesh, boxed_params)
+  rest = sharding.mirror_shardings(mesh, state_shapes.replace(params=None),
+                                   state_shapes.params, params)
+  return rest.replace(params=params)
+
+
 class Trainer:
   """The jitted, sharded functions of one configuration on one mesh."""
 
@@ -222,16 +251,18 @@ class Trainer:
     init = functools.partial(init_state, config, self.model, self.tx, image_shape)
     with jax.threefry_partitionable(False):
       self.state_shapes = jax.eval_shape(init, rng)
-    self.state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), self.state_shapes)
+      boxed = jax.eval_shape(
+          functools.partial(init_variables, self.model, image_shape), rng)['params']
+    self.state_sharding = state_shardings(mesh, self.state_shapes, boxed)
     self.rep = sharding.replicated(mesh)
     batch_sh = sharding.batch_sharding(mesh)
     self.init = jax.jit(init, out_shardings=self.state_sharding)
     self.train_step = jax.jit(
-        make_train_step(self.model, self.tx, mean_std, self.config.seed),
+        make_train_step(self.model, self.tx, mean_std, self.config.seed, mesh),
         in_shardings=(self.state_sharding, batch_sh), out_shardings=(self.state_sharding, self.rep),
         donate_argnums=(0,))
     self.eval_step = jax.jit(
-        make_eval_step(self.model, mean_std),
+        make_eval_step(self.model, mean_std, mesh),
         in_shardings=(self.state_sharding, batch_sh, self.rep), out_shardings=self.rep,
         donate_argnums=(2,))
     self.end_of_epoch = jax.jit(
@@ -241,7 +272,9 @@ class Trainer:
 
   def new_state(self):
     # The non-partitionable threefry compiles ~5x faster on CPU (12 s -> 2.7 s for a small
-    # CNN's init, measured here) and replicated parameters do not need the other one.
+    # CNN's init, measured here). Its values do not depend on the mesh either (a run on
+    # (2, 4) starts where one on (8,) does); it just cannot split the generation, so each
+    # device draws a whole parameter and keeps its slice: init time, not results.
     with jax.threefry_partitionable(False):
       return self.init(jax.random.key(self.config.seed))
 

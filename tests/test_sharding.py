@@ -1,9 +1,13 @@
 """Sharded training equals one-device training; batch divisibility; 2-process jax.distributed.
 
+Meshes `(8,)` (data parallel) and `(4, 2)`, `(2, 4)` (data x model: FSDP-style
+feature-axis sharding of parameters and optimizer state over `model`).
+
 The device-count tests run this file as a subprocess (`python tests/test_sharding.py ...`)
 because `XLA_FLAGS=--xla_force_host_platform_device_count=8` must be set before JAX starts.
 """
 
+import functools
 import json
 import os
 import socket
@@ -15,6 +19,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ('bn', 'wn_mbn', 'gmp_imn')  # BN, MBN and IMN batch statistics
+MESHES = {'bn': ((1,), (8,), (4, 2), (2, 4)), 'wn_mbn': ((1,), (8,)),
+          'gmp_imn': ((1,), (8,), (4, 2), (2, 4))}
+# A parameter whose last axis (16 features) the (2, 4) mesh splits 4 ways; for GmP the
+# angles `theta (fan_in - 1, features)`, whose fan-in axis must stay whole.
+SPLIT = {'bn': ('conv_1', 'kernel'), 'gmp_imn': ('conv_1', 'theta')}
 
 
 def _env(devices):
@@ -34,13 +43,70 @@ def _tiny_config(data_dir=None, method='bn'):
   return c
 
 
+def _partitioned_net():
+  """A model with partitioning metadata: hidden kernel (None, 'model'), output ('model', None)."""
+  import flax.linen as nn
+
+  class PartitionedNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool):
+      del train
+      init = nn.initializers.lecun_normal()
+      x = x.reshape(x.shape[0], -1)
+      x = nn.relu(nn.Dense(16, kernel_init=nn.with_partitioning(init, (None, 'model')),
+                           name='hidden')(x))
+      return nn.Dense(10, kernel_init=nn.with_partitioning(init, ('model', None)),
+                      name='out')(x)
+
+  return PartitionedNet()
+
+
 # ---------------------------------------------------------------------------
 # Workers (run in subprocesses).
 
 
-def _equality_worker():
+def _max_diffs(ref, other):
+  """(max abs, max relative to each leaf's largest entry) differences over leaves."""
   import jax
-  from experiments import input_pipeline, sharding, train
+  pairs = list(zip(jax.tree.leaves(ref), jax.tree.leaves(other)))
+  return (max(float(np.max(np.abs(a - b))) for a, b in pairs),
+          max(float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-12)) for a, b in pairs))
+
+
+def _spec(x):
+  return [list(e) if isinstance(e, tuple) else e for e in x.sharding.spec]
+
+
+def _run_steps(config, shapes, batches, tmp=None):
+  """3 steps from one initial state on each mesh -> host results and sharding facts."""
+  import jax
+  from experiments import checkpoints, input_pipeline, sharding, train
+  results, facts, start = {}, {}, None
+  for shape in shapes:
+    mesh = sharding.make_mesh(shape)
+    trainer = train.Trainer(config, mesh, 10, input_pipeline.MEAN_STD['cifar'], (8, 8, 3))
+    if start is None:  # one init (its compile is the slow part), placed on every mesh
+      start = sharding.to_host(trainer.new_state())
+    state = jax.device_put(start, trainer.state_sharding)
+    for b in batches:
+      state, _ = trainer.train_step(state, sharding.global_batch(b, mesh))
+    assert len(state.params['out']['kernel'].sharding.device_set) == mesh.size
+    results[shape] = sharding.to_host({'params': state.params, 'stats': state.batch_stats})
+    if shape == (2, 4) and tmp is not None:  # sharded save -> restore onto the same shardings
+      ckpts = checkpoints.Checkpoints(tmp)
+      ckpts.save(3, state)
+      back = ckpts.restore_last(trainer.abstract_state)
+      ckpts.close()
+      same = jax.tree.map(lambda a, b: a.sharding == b.sharding and bool(
+          np.array_equal(np.asarray(a), np.asarray(b))), state, back)
+      facts['restored_equal'] = all(jax.tree.leaves(same))
+    facts[str(shape)] = state
+  return results, facts
+
+
+def _equality_worker(tmp):
+  import jax
+  from experiments import sharding, train
   assert jax.device_count() == 8, jax.devices()
   rng = np.random.default_rng(0)
   batches = [{'image': rng.integers(0, 256, (16, 8, 8, 3), dtype=np.uint8),
@@ -48,23 +114,39 @@ def _equality_worker():
               'mask': np.ones(16, np.float32)} for _ in range(3)]
   out = {}
   for method in METHODS:
-    config = _tiny_config(method=method)
-    results, start = {}, None
-    for shape in ((1,), (8,), (4, 2)) if method == 'bn' else ((1,), (8,)):
-      mesh = sharding.make_mesh(shape)
-      trainer = train.Trainer(config, mesh, 10, input_pipeline.MEAN_STD['cifar'], (8, 8, 3))
-      if start is None:  # one init (its compile is the slow part), placed on every mesh
-        start = sharding.to_host(trainer.new_state())
-      state = jax.device_put(start, trainer.state_sharding)
-      for b in batches:
-        state, _ = trainer.train_step(state, sharding.global_batch(b, mesh))
-      assert len(state.params['out']['kernel'].sharding.device_set) == mesh.size
-      results[shape] = sharding.to_host({'params': state.params, 'stats': state.batch_stats})
-    ref = jax.tree.leaves(results[(1,)])
-    out[method] = {
-      str(shape): max(float(np.max(np.abs(a - b))) for a, b in zip(ref, jax.tree.leaves(r)))
-      for shape, r in results.items() if shape != (1,)}
+    results, facts = _run_steps(_tiny_config(method=method), MESHES[method], batches,
+                                os.path.join(tmp, method))
+    out[method] = {str(shape): _max_diffs(results[(1,)], r)
+                   for shape, r in results.items() if shape != (1,)}
     out[method]['num_stats'] = len(jax.tree.leaves(results[(1,)]['stats']))
+    if method in SPLIT:
+      layer, name = SPLIT[method]
+      state = facts['(2, 4)']
+      x, m = state.params[layer][name], state.opt_state.inner_state[0].trace[layer][name]
+      out[method]['split'] = {'shape': x.shape, 'spec': _spec(x),
+                              'shard': x.addressable_shards[0].data.shape,
+                              'momentum_spec': _spec(m), 'count_spec': _spec(
+                                  state.opt_state.count),
+                              'out_bias_spec': _spec(state.params['out']['bias'])}
+      out[method]['restored_equal'] = facts['restored_equal']
+  # Partitioning metadata (nn.with_partitioning) through the Trainer: specs, jit, steps.
+  real_create_model = train.create_model
+  train.create_model = lambda config, num_classes: _partitioned_net()
+  try:
+    results, facts = _run_steps(_tiny_config(method='sp'), ((1,), (4, 2)), batches)
+    params = facts['(4, 2)'].params
+    out['metadata'] = {
+        'diffs': _max_diffs(results[(1,)], results[(4, 2)]),
+        'specs': {f'{l}/{n}': _spec(params[l][n]) for l in params for n in params[l]},
+        'hidden_shard': params['hidden']['kernel'].addressable_shards[0].data.shape,
+        'out_shard': params['out']['kernel'].addressable_shards[0].data.shape}
+    boxed = jax.eval_shape(functools.partial(train.init_variables, _partitioned_net(),
+                                             (8, 8, 3)), jax.random.key(0))['params']
+    out['metadata']['specs_1d'] = [
+        list(s.spec) for s in jax.tree.leaves(sharding.param_shardings(
+            sharding.make_mesh((8,)), boxed))]
+  finally:
+    train.create_model = real_create_model
   try:
     sharding.check_batch_size(12, sharding.make_mesh((8,)))
     out['divisibility_error'] = None
@@ -101,18 +183,68 @@ def test_mesh_and_distributed_argument_errors():
     sharding.initialize_distributed('127.0.0.1:1', None, 0)
 
 
-def test_sharded_steps_equal_one_device():
-  proc = subprocess.run([sys.executable, __file__, 'equality'], env=_env(8), cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+def test_sharded_steps_equal_one_device(tmp_path):
+  """Data-parallel and FSDP (data x model) steps equal one device; params really split."""
+  proc = subprocess.run([sys.executable, __file__, 'equality', str(tmp_path)], env=_env(8),
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
   line = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
   assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = json.loads(line[-1][len('RESULT '):])
   print(out)
   for method in METHODS:
     assert out[method]['num_stats'] >= 1, method  # the model really has batch statistics
-    for shape in ('(8,)', '(4, 2)') if method == 'bn' else ('(8,)',):
-      assert out[method][shape] < 1e-5, (method, shape, out[method])
+    for shape in MESHES[method][1:]:
+      abs_diff, rel_diff = out[method][str(shape)]
+      assert abs_diff < 1e-5 and rel_diff < 1e-5, (method, shape, out[method])
+  for method in SPLIT:  # on (2, 4): 16 features -> 4 per device, fan-in axes whole
+    split = out[method]['split']
+    assert split['spec'] == [None] * (len(split['shape']) - 1) + ['model'], split
+    assert split['shard'] == split['shape'][:-1] + [split['shape'][-1] // 4], split
+    assert split['momentum_spec'] == split['spec'], split  # optimizer state mirrors params
+    assert split['count_spec'] == [], split  # scalars replicated
+    assert split['out_bias_spec'] == [], split  # 10 features: not divisible by 4, replicated
+    assert out[method]['restored_equal'], method  # orbax restore keeps shardings and values
+  meta = out['metadata']
+  assert meta['diffs'][0] < 1e-5 and meta['diffs'][1] < 1e-5, meta
+  assert meta['specs'] == {'hidden/kernel': [None, 'model'],  # metadata
+                           'out/kernel': ['model'],  # metadata ('model', None), not the rule
+                           'hidden/bias': ['model'], 'out/bias': ['model']}, meta  # the rule
+  assert meta['hidden_shard'] == [192, 8] and meta['out_shard'] == [8, 10], meta
+  assert all(spec == [] for spec in meta['specs_1d']), meta  # no model axis: replicated
   assert 'batch_size=12 is not divisible by the 8 devices' in out['divisibility_error']
+
+
+def test_feature_axis_rule_metadata_and_optimizer_state():
+  """The sharding rules on abstract meshes (no devices needed)."""
+  import flax.linen as nn
+  import jax
+  import optax
+  from jax.sharding import AbstractMesh
+  from jax.sharding import PartitionSpec as P
+  from experiments import sharding
+  mesh, flat = AbstractMesh((4, 2), ('data', 'model')), AbstractMesh((8,), ('data',))
+  assert sharding.feature_spec((26, 8), mesh) == P(None, 'model')  # GmP theta: fan-in whole
+  assert sharding.feature_spec((3, 3, 8, 16), mesh) == P(None, None, None, 'model')
+  assert sharding.feature_spec((5,), mesh) == P() == sharding.feature_spec((), mesh)
+  assert sharding.feature_spec((26, 8), flat) == P()
+
+  def boxed(features, names):
+    dense = nn.Dense(features, kernel_init=nn.with_partitioning(
+        nn.initializers.lecun_normal(), names))
+    return jax.eval_shape(dense.init, jax.random.key(0), np.zeros((1, 6), np.float32))['params']
+
+  specs = jax.tree.map(lambda s: s.spec, sharding.param_shardings(mesh, boxed(4, ('model', None))))
+  assert specs == {'kernel': P('model'), 'bias': P('model')}, specs
+  with pytest.raises(ValueError, match='cannot be split 2 ways'):
+    sharding.param_shardings(mesh, boxed(5, (None, 'model')))
+  with pytest.raises(ValueError, match="name \\['mlp'\\]"):
+    sharding.param_shardings(mesh, boxed(4, (None, 'mlp')))
+  params = nn.unbox(boxed(4, ('model', None)))
+  shardings = sharding.param_shardings(mesh, boxed(4, ('model', None)))
+  opt = jax.eval_shape(optax.adam(0.1).init, params)
+  opt_sh = sharding.mirror_shardings(mesh, opt, params, shardings)
+  assert opt_sh[0].mu['kernel'].spec == opt_sh[0].nu['kernel'].spec == P('model')
+  assert opt_sh[0].count.spec == P()
 
 
 def _free_port():
@@ -158,7 +290,7 @@ def test_two_processes_equal_one(tmp_path):
 if __name__ == '__main__':
   sys.path.insert(0, ROOT)
   if sys.argv[1] == 'equality':
-    _equality_worker()
+    _equality_worker(sys.argv[2])
   elif sys.argv[1] == 'train':
     _train_worker(*sys.argv[2:])
   else:
