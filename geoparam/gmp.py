@@ -144,6 +144,10 @@ class _GmPBase(nn.Module):
     if (isinstance(self.features, bool) or not isinstance(self.features, numbers.Integral)
         or self.features < 1):
       raise ValueError(f'features must be a positive integer, got {self.features!r}.')
+    if self.activation is not None and not callable(self.activation):
+      raise TypeError(
+          f'{type(self).__name__}: activation must be a function (e.g. nn.relu) or None for '
+          f'linear, got {self.activation!r}.')
 
   def _input_mean(self, x, use_running_average):
     """IMN's mean of the inputs `(in_features,)` (batch_stats/input_mean_norm/mean), or None."""

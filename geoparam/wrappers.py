@@ -275,8 +275,8 @@ def _shapes(holder, layer, inputs):
   """`(inputs, kernel_shape, fan_in, features)`, or a clear error naming `holder`."""
   inputs = jnp.asarray(inputs)
   name = _describe(holder, layer)
-  _check_features(name, layer)
   kernel_shape = layer_kernel_shape(layer, inputs.shape, name)
+  _check_features(name, layer)
   return inputs, kernel_shape, math.prod(kernel_shape[:-1]), kernel_shape[-1]
 
 
