@@ -180,7 +180,7 @@ class ResNet(nn.Module):
     >>> m = ResNet(num_classes=10, stage_sizes=(1, 1), width=1 / 16, parameterization='gmp_imn')
     >>> v = jax.eval_shape(m.init, jax.random.key(0), jnp.ones((2, 32, 32, 3)))
     >>> jax.tree.map(jnp.shape, v['batch_stats'])['stage0_block0']['conv1']
-    {'conv': {'input_mean_norm': {'mean': (16,)}}}
+    {'conv': {'input_mean_norm': {'mean': (4,)}}}
 
   Attributes:
     num_classes: output width (plain Dense `out`).

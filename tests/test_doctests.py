@@ -1,0 +1,20 @@
+"""The docstrings' examples run (`pytest --doctest-modules` over the library, from `tests`)."""
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import geoparam
+
+MODULES = sorted(
+    ['geoparam'] + [f'geoparam.{m.name}' for m in pkgutil.iter_modules(geoparam.__path__)]
+    + ['experiments.vision_models'])
+
+
+@pytest.mark.parametrize('name', MODULES)
+def test_docstring_examples_run(name):
+  module = importlib.import_module(name)
+  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+  assert result.failed == 0, f'{result.failed} of {result.attempted} examples failed in {name}'
