@@ -49,6 +49,27 @@ def _scheme(scheme: str | None) -> str:
   return scheme
 
 
+def _array_with_rows(x, fn: str, name: str = 'x') -> jax.Array:
+  x = jnp.asarray(x)
+  if x.ndim < 1:
+    raise ValueError(f'{fn} expects {name} of shape (L, ...) (scanned along axis 0), got a scalar.')
+  return x
+
+
+def _prefix_step(carry, row):
+  carry = carry * row
+  return carry, carry
+
+
+def _prefix_product(x, scheme):
+  if scheme == 'associative':
+    return jax.lax.associative_scan(jnp.multiply, x, axis=0)
+  return jax.lax.scan(_prefix_step, jnp.ones_like(x[0]), x)[1]
+
+
+_prefix_product_jit = jax.jit(_prefix_product, static_argnums=1)
+
+
 def prefix_product(x: jax.Array, scheme: str | None = None) -> jax.Array:
   """Inclusive cumulative product along axis 0, `y_j = x_0 ... x_j`; shape of `x`.
 
@@ -56,18 +77,14 @@ def prefix_product(x: jax.Array, scheme: str | None = None) -> jax.Array:
   (default on CPU): a `lax.scan` over axis 0 carrying one row, O(L) work and
   no extra memory; ~50x faster than `jnp.cumprod` on CPU for a (1023, 1024)
   array. `scheme='associative'` (default on GPU/TPU): `lax.associative_scan`,
-  log depth (a long sequential loop starves an accelerator).
+  log depth (a long sequential loop starves an accelerator). Compiled once per
+  shape, dtype and scheme (eager calls reuse it).
   """
+  x = _array_with_rows(x, 'prefix_product')
+  scheme = _scheme(scheme)
   if x.shape[0] == 0:
     return x
-  if _scheme(scheme) == 'associative':
-    return jax.lax.associative_scan(jnp.multiply, x, axis=0)
-
-  def step(carry, row):
-    carry = carry * row
-    return carry, carry
-
-  return jax.lax.scan(step, jnp.ones_like(x[0]), x)[1]
+  return _prefix_product_jit(x, scheme)
 
 
 def _affine_combine(first, second):
@@ -77,22 +94,38 @@ def _affine_combine(first, second):
   return a2 + b2 * a1, b2 * b1
 
 
+def _suffix_step(carry, ab):
+  carry = ab[0] + ab[1] * carry
+  return carry, carry
+
+
+def _suffix_affine(a, b, scheme):
+  if scheme == 'associative':
+    y, _ = jax.lax.associative_scan(_affine_combine, (a, b), reverse=True, axis=0)
+    return y
+  return jax.lax.scan(_suffix_step, jnp.zeros_like(a[0]), (a, b), reverse=True)[1]
+
+
+_suffix_affine_jit = jax.jit(_suffix_affine, static_argnums=2)
+
+
 def suffix_affine(a: jax.Array, b: jax.Array, scheme: str | None = None) -> jax.Array:
   """Reverse linear recurrence along axis 0: `y_j = a_j + b_j * y_{j+1}`, `y_L = 0`.
 
-  O(L) work, no division; scheduled like `prefix_product`. Shapes of `a`.
+  O(L) work, no division; scheduled like `prefix_product`. `a` and `b` must
+  have the same shape; the result has it (and their promoted dtype).
   """
+  a = _array_with_rows(a, 'suffix_affine', 'a')
+  b = _array_with_rows(b, 'suffix_affine', 'b')
+  if a.shape != b.shape:
+    raise ValueError(f'suffix_affine expects a and b of the same shape, got {a.shape} and '
+                     f'{b.shape}.')
+  scheme = _scheme(scheme)
+  dtype = jnp.result_type(a, b)
+  a, b = a.astype(dtype), b.astype(dtype)
   if a.shape[0] == 0:
     return a
-  if _scheme(scheme) == 'associative':
-    y, _ = jax.lax.associative_scan(_affine_combine, (a, b), reverse=True, axis=0)
-    return y
-
-  def step(carry, ab):
-    carry = ab[0] + ab[1] * carry
-    return carry, carry
-
-  return jax.lax.scan(step, jnp.zeros_like(a[0]), (a, b), reverse=True)[1]
+  return _suffix_affine_jit(a, b, scheme)
 
 
 # Cody-Waite split of pi/2 (SLEEF's float32 pi split, halved). The first three parts have 8-9
@@ -144,21 +177,25 @@ def _poly_applies_vmap(axis_size, in_batched, x):
   return _poly_applies(x), False
 
 
-def _with_sincos(x, fn):
-  """`fn(sincos_fn)` with the polynomial sincos when it applies to ALL of `x`, else jnp's.
+def _with_sincos(x, poly_fn, jnp_fn, *operands):
+  """`poly_fn(*operands)` when the polynomial sincos applies to ALL of `x`, else `jnp_fn(*operands)`.
 
-  The range test runs once on the whole array (also under vmap), so code that
-  evaluates sin/cos piecewise, e.g. row by row inside a scan, picks one branch.
+  `poly_fn` and `jnp_fn` are the same computation with `_sincos_poly` and with
+  `_jnp_sincos`, both defined once at import: branches made per call (lambdas,
+  closures) would give `lax.cond` a new jaxpr each time, so every eager call
+  would compile again. The range test runs once on the whole array (also under
+  vmap), so code that evaluates sin/cos piecewise, e.g. row by row inside a
+  scan, picks one branch.
   """
   if x.dtype != jnp.float32 or jax.default_backend() != 'cpu' or x.size == 0:
-    return fn(_jnp_sincos)
+    return jnp_fn(*operands)
   applies = _poly_applies(jax.lax.stop_gradient(x))
-  return jax.lax.cond(applies, lambda: fn(_sincos_poly), lambda: fn(_jnp_sincos))
+  return jax.lax.cond(applies, poly_fn, jnp_fn, *operands)
 
 
 @jax.custom_jvp
 def _sincos(x):
-  return _with_sincos(x, lambda sincos_fn: sincos_fn(x))
+  return _with_sincos(x, _sincos_poly, _jnp_sincos, x)
 
 
 @_sincos.defjvp
@@ -166,6 +203,9 @@ def _sincos_jvp(primals, tangents):
   (x,), (dx,) = primals, tangents
   s, c = _sincos(x)
   return (s, c), (c * dx, -s * dx)
+
+
+_sincos_jit = jax.jit(_sincos)
 
 
 def sincos(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -176,42 +216,54 @@ def sincos(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   XLA's CPU `sin`/`cos` cost ~15x more and are evaluated in separate passes.
   Arrays with some `|x| > 8192` (or NaN), other dtypes and other backends use
   `jnp.sin`/`jnp.cos`. Differentiable (`d sin = cos dx`, `d cos = -sin dx`).
+  Compiled once per shape and dtype (eager calls reuse it).
   """
-  return _sincos(jnp.asarray(x))
+  return _sincos_jit(jnp.asarray(x))
 
 
-def _sequential_fwd(theta):
-  """u(theta) by one scan over the n - 1 angles (rows), sin/cos computed row by row."""
+def _sequential_map(sincos_fn):
+  """The CPU map's forward `theta -> u` and backward `(theta, g) -> dL/dtheta` with `sincos_fn`.
 
-  def run(sincos_fn):
-    def step(p, t):
-      s, c = sincos_fn(t)
-      return p * s, p * c
+  Built once per sincos at import (`_SEQUENTIAL_POLY`, `_SEQUENTIAL_JNP`), so the
+  two `lax.cond` branches are the same functions on every call.
+  """
 
-    p_last, head = jax.lax.scan(step, jnp.ones_like(theta[0]), theta)
+  def fwd_step(p, t):
+    s, c = sincos_fn(t)
+    return p * s, p * c
+
+  def fwd(theta):
+    """u(theta) by one scan over the n - 1 angles (rows), sin/cos computed row by row."""
+    p_last, head = jax.lax.scan(fwd_step, jnp.ones_like(theta[0]), theta)
     return jnp.concatenate([head, p_last[None]])
 
-  return _with_sincos(theta, run)
+  def prefix_step(p, t):  # emits P_excl_k = prod_{j<k} s_j
+    return p * sincos_fn(t)[0], p
 
+  def grad_step(r, x):  # carry R_k (see _unit_vector_bwd); emits dL/dtheta_k, passes R_{k-1}
+    t, g_k, p = x
+    s, c = sincos_fn(t)
+    return g_k * c + s * r, p * (c * r - s * g_k)
 
-def _sequential_bwd(theta, g):
-  """dL/dtheta from two scans; no (n, ...) array besides the prefix products is kept."""
-
-  def run(sincos_fn):
-    def prefix_step(p, t):  # emits P_excl_k = prod_{j<k} s_j
-      return p * sincos_fn(t)[0], p
-
+  def bwd(theta, g):
+    """dL/dtheta from two scans; no (n, ...) array besides the prefix products is kept."""
     _, p_excl = jax.lax.scan(prefix_step, jnp.ones_like(theta[0]), theta)
-
-    def grad_step(r, x):  # carry R_k (see _unit_vector_bwd); emits dL/dtheta_k, passes R_{k-1}
-      t, g_k, p = x
-      s, c = sincos_fn(t)
-      return g_k * c + s * r, p * (c * r - s * g_k)
-
     _, d_theta = jax.lax.scan(grad_step, g[-1], (theta, g[:-1], p_excl), reverse=True)
     return d_theta
 
-  return _with_sincos(theta, run)
+  return fwd, bwd
+
+
+_SEQUENTIAL_POLY = _sequential_map(_sincos_poly)
+_SEQUENTIAL_JNP = _sequential_map(_jnp_sincos)
+
+
+def _sequential_fwd(theta):
+  return _with_sincos(theta, _SEQUENTIAL_POLY[0], _SEQUENTIAL_JNP[0], theta)
+
+
+def _sequential_bwd(theta, g):
+  return _with_sincos(theta, _SEQUENTIAL_POLY[1], _SEQUENTIAL_JNP[1], theta, g)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -221,7 +273,7 @@ def _unit_vector(theta, scheme):
 
 def _exclusive_sin_products(s, scheme):
   """`(P_excl, P_last)`: `P_excl_k = prod_{j<k} s_j` (n-1, ...), `P_last = prod_j s_j` (1, ...)."""
-  p = prefix_product(s, scheme)
+  p = _prefix_product(s, scheme)
   return jnp.concatenate([jnp.ones_like(s[:1]), p[:-1]]), p[-1:]
 
 
@@ -230,7 +282,7 @@ def _unit_vector_fwd(theta, scheme):
     # The only residual is theta itself (a parameter, alive anyway): the backward
     # recomputes sin/cos row by row, so a step holds no extra (n, ...) arrays for it.
     return _sequential_fwd(theta), theta
-  s, c = sincos(theta)
+  s, c = _sincos(theta)
   p_excl, p_last = _exclusive_sin_products(s, scheme)
   u = jnp.concatenate([p_excl * c, p_last])  # (n, ...)
   # Residuals are sin and cos only; the backward recomputes the (cheap) prefix product.
@@ -247,36 +299,64 @@ def _unit_vector_bwd(scheme, res, g):
   p_excl, _ = _exclusive_sin_products(s, scheme)
   gc = jnp.concatenate([g[1:-1] * c[1:], g[-1:]])  # a_k = g_{k+1} c_{k+1}, last: g_n
   shifted_s = jnp.concatenate([s[1:], jnp.zeros_like(s[:1])])  # b_k = s_{k+1}
-  r = suffix_affine(gc, shifted_s, scheme)
+  r = _suffix_affine(gc, shifted_s, scheme)
   return (p_excl * (c * r - s * g[:-1]),)
 
 
 _unit_vector.defvjp(_unit_vector_fwd, _unit_vector_bwd)
 
 
-def _as_float(x):
+def _map_in_working_precision(theta, scheme):
+  """`_unit_vector` in float32 at least (bf16 angles evaluated in bf16 give |u| ~ 1.6 at
+  fan-in 4608), cast back to theta's dtype."""
+  work = jnp.promote_types(theta.dtype, jnp.float32)
+  return _unit_vector(theta.astype(work), scheme).astype(theta.dtype)
+
+
+_map_jit = jax.jit(_map_in_working_precision, static_argnums=1)
+
+
+def _real_float(x, fn: str, name: str) -> jax.Array:
+  """`x` as an array of a real floating dtype (integers and bools become the default float).
+
+  Raises a TypeError naming the dtype for anything else (complex, keys, ...): the
+  chart is a real one, and casting a complex array to real would silently drop
+  its imaginary part.
+  """
   x = jnp.asarray(x)
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    x = x.astype(jnp.result_type(float))
-  return x
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
+    return x.astype(jnp.result_type(float))
+  raise TypeError(f'{fn} expects {name} of a real floating (or integer) dtype, got {name} of '
+                  f'dtype {x.dtype}.')
 
 
 def to_cartesian(theta: jax.Array) -> jax.Array:
   """Unit vector u(theta) of eq. (10).
 
   Args:
-    theta: angles, shape `(n - 1,)`, any real values, n >= 1.
+    theta: angles, shape `(n - 1,)`, any real values, n >= 1; a real floating
+      dtype (integers become the default float; complex is a TypeError).
 
   Returns:
     `u`, shape `(n,)`, same dtype, `|u| = 1`. For `n = 1` (empty theta) this is
-    `[1.]`; layers with fan-in 1 carry the sign separately.
+    `[1.]`; layers with fan-in 1 carry the sign separately. Float16/bfloat16
+    angles are evaluated in float32 and the result cast back.
 
   No division and no logarithm is used, so values and gradients stay finite at
   the poles (`sin(theta_k) = 0`). Reverse-mode derivatives use a hand-written
   O(n) VJP (a reverse linear recurrence); forward-mode (`jax.jvp`) is not
-  available through it.
+  available through it. Compiled once per shape and dtype (eager calls reuse it).
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from geoparam import hyperspherical
+    >>> hyperspherical.to_cartesian(jnp.asarray([jnp.pi / 2, 0.0]))  # u_1 = cos(pi/2) ~ 0
+    Array([-4.371139e-08,  1.000000e+00,  0.000000e+00], dtype=float32)
   """
-  theta = _as_float(theta)
+  theta = _real_float(theta, 'to_cartesian', 'theta')
   if theta.ndim != 1:
     raise ValueError(
         f'to_cartesian expects theta of shape (n - 1,), got shape {theta.shape}; '
@@ -291,12 +371,13 @@ def to_cartesian_batched(theta: jax.Array, scheme: str | None = None) -> jax.Arr
   with `batch = (features,)`), but without moving the neuron axis. `scheme`
   picks the scan schedule (`SCHEMES`; None: by backend, see `prefix_product`).
   """
-  theta = _as_float(theta)
+  theta = _real_float(theta, 'to_cartesian_batched', 'theta')
   if theta.ndim < 1:
-    raise ValueError(f'theta must have shape (n - 1, ...), got a scalar.')
+    raise ValueError('theta must have shape (n - 1, ...), got a scalar.')
+  scheme = _scheme(scheme)
   if theta.shape[0] == 0:
     return jnp.ones((1,) + theta.shape[1:], theta.dtype)
-  return _unit_vector(theta, _scheme(scheme))
+  return _map_jit(theta, scheme)
 
 
 def to_cartesian_reference(theta: jax.Array) -> jax.Array:
@@ -304,38 +385,83 @@ def to_cartesian_reference(theta: jax.Array) -> jax.Array:
 
   Kept as the reference the fast `to_cartesian` is tested (and benchmarked) against.
   """
-  theta = _as_float(theta)
+  theta = _real_float(theta, 'to_cartesian_reference', 'theta')
   one = jnp.ones((1,) + theta.shape[1:], theta.dtype)
   sin_prefix = jnp.cumprod(jnp.sin(theta), axis=0)
   return jnp.concatenate([one, sin_prefix]) * jnp.concatenate([jnp.cos(theta), one])
 
 
-def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Inverse of `to_cartesian`: `w = radius * to_cartesian(theta)`.
+# --- exact power-of-two scaling ----------------------------------------------------------------
+# XLA's CPU backend flushes subnormal inputs and results of arithmetic to zero, so `w / max|w|`
+# of a subnormal w is 0 / 0 and jnp.frexp/ldexp are wrong there. The two helpers below work on
+# the bits instead: exact (ldexp rounds half to even only when its result is subnormal).
 
-  Args:
-    w: nonzero vector, shape `(n,)`, n >= 2. Negative coordinates (the last one
-      included) are kept: the last angle covers the full circle [0, 2 pi).
+_UINT = {4: jnp.uint32, 8: jnp.uint64}
 
-  Returns:
-    `(theta, radius)`: theta shape `(n - 1,)` in the canonical ranges
-    (`[0, pi]` for all but the last, `[0, 2 pi)` for the last), radius a scalar
-    `|w|`; both of `w`'s dtype. A zero `w` gives `theta = 0` and `radius = 0`.
 
-  Angles are computed as `atan2(|w_{k+1:}|, w_k)` from tail norms, which are
-  formed after scaling by `max |w|`: no tiny products, so a uniformly drawn
-  direction at fan-in 4608 keeps full float32 precision.
-  """
-  w = jnp.asarray(w)
-  if w.ndim != 1 or w.shape[0] < 2:
-    raise ValueError(
-        f'from_cartesian expects w of shape (n,) with n >= 2, got shape {w.shape}; '
-        'a fan-in-1 direction is a sign, not an angle.')
-  if not jnp.issubdtype(w.dtype, jnp.floating):
-    w = w.astype(jnp.result_type(float))
-  peak = jnp.max(jnp.abs(w))
-  safe_peak = jnp.where(peak > 0, peak, jnp.ones_like(peak))
-  x = w / safe_peak
+def _fields(x):
+  """`(uint dtype, sign bit, |x| bits, exponent field (int32), nmant, max exponent field)` of
+  a float32 or float64 `x` (narrower floats are widened to float32 before)."""
+  info = jnp.finfo(x.dtype)
+  uint = _UINT[x.dtype.itemsize]
+  bits = jax.lax.bitcast_convert_type(x, uint)
+  sign = bits & uint(1 << (8 * x.dtype.itemsize - 1))
+  mag = bits ^ sign
+  exp_field = jnp.right_shift(mag, uint(info.nmant)).astype(jnp.int32)
+  return uint, sign, mag, exp_field, info.nmant, 2**info.nexp - 1
+
+
+def _peak_exponent(x):
+  """`(e, ok)`: `e = floor(log2 max |x|)` (int32; 0 when not ok); `ok`: some entry is nonzero
+  and all are finite. Read from the bits: comparisons flush subnormals to zero on CPU too."""
+  uint, _, mag, _, nmant, emax = _fields(x)
+  peak = jnp.max(mag)  # IEEE order of |x| is the integer order of its bits
+  exp_field = jnp.right_shift(peak, uint(nmant)).astype(jnp.int32)
+  width = 8 * x.dtype.itemsize
+  bias = emax // 2
+  subnormal = (1 - bias - nmant) + (width - 1 - jax.lax.clz(peak).astype(jnp.int32))
+  ok = (peak > 0) & (exp_field < emax)
+  return jnp.where(ok, jnp.where(exp_field > 0, exp_field - bias, subnormal), 0), ok
+
+
+@jax.custom_jvp
+def _ldexp(x, k):
+  """`x * 2**k` (k int32, broadcast), exact, also for subnormal arguments and results."""
+  uint, sign, mag, exp_field, nmant, emax = _fields(x)
+  width = 8 * x.dtype.itemsize
+  one = uint(1)
+  frac_mask = uint((1 << nmant) - 1)
+  # Normalized significand s in [2^nmant, 2^(nmant+1)) and its exponent field e (<= 0 allowed).
+  lead = width - 1 - jax.lax.clz(mag).astype(jnp.int32)  # top set bit of a subnormal
+  norm_shift = jnp.where(exp_field == 0, nmant - lead, 0)
+  s = jnp.where(exp_field == 0, jnp.left_shift(mag, norm_shift.astype(uint)),
+                (mag & frac_mask) | uint(1 << nmant))
+  limit = emax + nmant + 2
+  e = jnp.where(exp_field == 0, 1 - norm_shift, exp_field) + jnp.clip(k, -limit, limit)
+  normal = jnp.left_shift(jnp.clip(e, 1, emax).astype(uint), uint(nmant)) | (s & frac_mask)
+  shift = jnp.clip(1 - e, 1, nmant + 2).astype(uint)  # subnormal result: round s / 2^shift
+  q = jnp.right_shift(s, shift)
+  rem = s & (jnp.left_shift(one, shift) - one)
+  half = jnp.left_shift(one, shift - one)
+  q = q + ((rem > half) | ((rem == half) & ((q & one) == one))).astype(uint)
+  out = jnp.where(e >= emax, uint(emax << nmant), jnp.where(e >= 1, normal, q))
+  out = jnp.where((mag == 0) | (exp_field == emax), mag, out)  # zeros, inf and NaN unchanged
+  return jax.lax.bitcast_convert_type(out | sign, x.dtype)
+
+
+@_ldexp.defjvp
+def _ldexp_jvp(primals, tangents):
+  (x, k), (dx, _) = primals, tangents
+  # Linear in dx (a product, so it transposes); two factors keep 2^(k/2) representable.
+  half = k // 2
+  one = jnp.ones_like(x)
+  return _ldexp(x, k), dx * _ldexp(one, half) * _ldexp(one, k - half)
+
+
+def _from_cartesian(w):
+  e, _ = _peak_exponent(w)
+  finite = jnp.all(jnp.isfinite(w))
+  x = _ldexp(w, -e)  # exact; max |x| in [1, 2)
   # tail[k] = |x_{k:}|, computed as a reversed cumulative sum of squares.
   tail = jnp.sqrt(jnp.cumsum((x * x)[::-1])[::-1])
   first = jnp.arctan2(tail[1:-1], x[:-2])  # t_1 .. t_{n-2}, in [0, pi]
@@ -344,8 +470,70 @@ def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
   # A tiny negative angle plus 2 pi rounds up to 2 pi; clamp to the largest value below it.
   last = jnp.where(last < 0, jnp.minimum(last + two_pi, jnp.nextafter(two_pi, 0)), last)
   theta = jnp.concatenate([first, last[None]])
-  radius = tail[0] * safe_peak
+  radius = _ldexp(tail[0], e)  # exact scaling back, a subnormal radius included
+  # Inf or NaN entries: no direction; the radius is inf (or NaN if any entry is NaN).
+  theta = jnp.where(finite, theta, jnp.nan)
+  radius = jnp.where(finite, radius, jnp.sum(jnp.abs(w)))
   return theta, radius
+
+
+def _from_cartesian_any_float(w):
+  """`_from_cartesian` in float32 at least; float16/bfloat16 results are cast back."""
+  work = jnp.promote_types(w.dtype, jnp.float32)
+  theta, radius = _from_cartesian(w.astype(work))
+  if work == w.dtype:
+    return theta, radius
+  theta = theta.astype(w.dtype)
+  below_two_pi = jnp.nextafter(jnp.asarray(2 * jnp.pi, w.dtype), jnp.asarray(0, w.dtype))
+  return theta.at[-1].set(jnp.minimum(theta[-1], below_two_pi)), radius.astype(w.dtype)
+
+
+_from_cartesian_jit = jax.jit(_from_cartesian_any_float)
+
+
+def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inverse of `to_cartesian`: `w = radius * to_cartesian(theta)`.
+
+  Args:
+    w: nonzero vector, shape `(n,)`, n >= 2, of a real floating dtype (integers
+      become the default float; complex is a TypeError). Negative coordinates
+      (the last one included) are kept: the last angle covers the full circle
+      [0, 2 pi).
+
+  Returns:
+    `(theta, radius)`: theta shape `(n - 1,)` in the canonical ranges
+    (`[0, pi]` for all but the last, `[0, 2 pi)` for the last), radius a scalar
+    `|w|`; both of `w`'s dtype. A zero `w` gives `theta = 0` and `radius = 0`;
+    a `w` with an inf or NaN entry gives NaN angles (and an inf or NaN radius).
+
+  Angles are computed as `atan2(|w_{k+1:}|, w_k)` from tail norms, which are
+  formed after an exact scaling by a power of two near `max |w|`: no tiny
+  products, so a uniformly drawn direction at fan-in 4608 keeps full float32
+  precision, and subnormal or huge vectors (where `w / max|w|` fails: CPUs
+  flush subnormals to zero) get their direction and radius right.
+
+  Example usage::
+
+    >>> import numpy as np, jax.numpy as jnp
+    >>> from geoparam import hyperspherical
+    >>> w = np.asarray([1e-40, -3e-41, 2e-40], np.float32)  # subnormal
+    >>> hyperspherical.from_cartesian(jnp.asarray(w))
+    (Array([1.1115868, 1.7196879], dtype=float32), Array(2.2561e-40, dtype=float32))
+  """
+  w = _real_float(w, 'from_cartesian', 'w')
+  if w.ndim != 1 or w.shape[0] < 2:
+    raise ValueError(
+        f'from_cartesian expects w of shape (n,) with n >= 2, got shape {w.shape}; '
+        'a fan-in-1 direction is a sign, not an angle.')
+  return _from_cartesian_jit(w)
+
+
+def _metric_diag(theta):
+  sin2 = jnp.sin(theta) ** 2
+  return jnp.concatenate([jnp.ones((1,), sin2.dtype), jnp.cumprod(sin2)[:-1]])[: theta.shape[0]]
+
+
+_metric_diag_jit = jax.jit(_metric_diag)
 
 
 def metric_diag(theta: jax.Array) -> jax.Array:
@@ -357,16 +545,34 @@ def metric_diag(theta: jax.Array) -> jax.Array:
   PRODUCT; the product is what the pullback yields and what is returned here.
 
   Args:
-    theta: shape `(n - 1,)`.
+    theta: shape `(n - 1,)`, a real floating dtype (integers become the default
+      float; complex is a TypeError).
 
   Returns:
     shape `(n - 1,)`, same dtype, values in [0, 1].
   """
-  theta = jnp.asarray(theta)
+  theta = _real_float(theta, 'metric_diag', 'theta')
   if theta.ndim != 1:
     raise ValueError(f'metric_diag expects theta of shape (n - 1,), got shape {theta.shape}.')
-  sin2 = jnp.sin(theta) ** 2
-  return jnp.concatenate([jnp.ones((1,), sin2.dtype), jnp.cumprod(sin2)[:-1]])[: theta.shape[0]]
+  return _metric_diag_jit(theta)
+
+
+def _angle_between(u, v):
+  # Each vector scaled exactly by a power of two near its largest entry: the norms neither
+  # overflow (huge entries) nor underflow (tiny ones) and the angle is unchanged.
+  eu, u_ok = _peak_exponent(u)
+  ev, v_ok = _peak_exponent(v)
+  u = _ldexp(u, -eu)
+  v = _ldexp(v, -ev)
+  nu = jnp.linalg.norm(u)
+  nv = jnp.linalg.norm(v)
+  a = u * nv
+  b = v * nu
+  angle = 2 * jnp.arctan2(jnp.linalg.norm(a - b), jnp.linalg.norm(a + b))
+  return jnp.where(u_ok & v_ok, angle, jnp.nan)
+
+
+_angle_between_jit = jax.jit(_angle_between)
 
 
 def angle_between(u: jax.Array, v: jax.Array) -> jax.Array:
@@ -374,15 +580,28 @@ def angle_between(u: jax.Array, v: jax.Array) -> jax.Array:
 
   Uses `atan2(|u x v|, u . v)` in its n-dimensional form
   `atan2(| |v| u - |u| v |, | |v| u + |u| v |) * 2`, which is accurate for tiny
-  and for nearly opposite angles (arccos of the cosine is not).
+  and for nearly opposite angles (arccos of the cosine is not). Each vector is
+  first scaled exactly by a power of two, so tiny (even subnormal) and huge
+  vectors work too.
+
+  The angle with a zero vector is undefined: NaN is returned (also under jit),
+  as for vectors with an inf or NaN entry. Real dtypes only (complex is a
+  TypeError); integers become the default float.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from geoparam import hyperspherical
+    >>> hyperspherical.angle_between(jnp.asarray([1.0, 0.0]), jnp.asarray([2.0, 2.0]))
+    Array(0.7853981, dtype=float32)
+    >>> hyperspherical.angle_between(jnp.zeros(2), jnp.ones(2))
+    Array(nan, dtype=float32)
   """
-  u = jnp.asarray(u)
-  v = jnp.asarray(v)
+  u = _real_float(u, 'angle_between', 'u')
+  v = _real_float(v, 'angle_between', 'v')
   if u.shape != v.shape or u.ndim != 1:
     raise ValueError(
         f'angle_between expects two vectors of the same shape (n,), got {u.shape} and {v.shape}.')
-  nu = jnp.linalg.norm(u)
-  nv = jnp.linalg.norm(v)
-  a = u * nv
-  b = v * nu
-  return 2 * jnp.arctan2(jnp.linalg.norm(a - b), jnp.linalg.norm(a + b))
+  dtype = jnp.result_type(u, v)
+  work = jnp.promote_types(dtype, jnp.float32)
+  return _angle_between_jit(u.astype(work), v.astype(work)).astype(dtype)

@@ -343,3 +343,153 @@ def test_angle_between_matches_arccos(x64):
     tiny = np.array([np.cos(1e-9), np.sin(1e-9)] + [0.0] * (n - 2))
     np.testing.assert_allclose(float(hs.angle_between(jnp.asarray(e), jnp.asarray(tiny))),
                                1e-9, rtol=1e-6)
+
+
+# --- bad inputs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('fn', [hs.to_cartesian, hs.to_cartesian_batched, hs.metric_diag,
+                                hs.to_cartesian_reference, hs.from_cartesian])
+@pytest.mark.parametrize('dtype', ['complex64', 'complex128'])
+def test_complex_input_is_a_type_error_naming_the_dtype(fn, dtype):
+  # Casting to real would silently drop the imaginary part.
+  with jax.enable_x64(dtype == 'complex128'):
+    z = jnp.asarray([0.3 + 1j, 1.2, 2.0], dtype)
+    with pytest.raises(TypeError, match=f'dtype {dtype}') as info:
+      fn(z)
+    assert 'real floating (or integer)' in str(info.value)
+
+
+def test_angle_between_complex_is_a_type_error():
+  with pytest.raises(TypeError, match='complex64'):
+    hs.angle_between(jnp.ones(3, jnp.complex64), jnp.ones(3))
+
+
+def test_integer_theta_is_accepted_as_float():
+  u = hs.to_cartesian(jnp.arange(4))
+  assert u.dtype == jnp.float32
+  np.testing.assert_allclose(u, ref_to_cartesian(np.arange(4.0)), atol=2e-6)
+  np.testing.assert_allclose(hs.metric_diag(jnp.arange(3)),
+                             hs.metric_diag(jnp.arange(3, dtype=jnp.float32)))
+
+
+def _scaled_norm(w):
+  """|w| in float64 without under/overflow (numpy squares subnormal float64 to zero)."""
+  w = np.asarray(w, np.float64)
+  peak = np.max(np.abs(w))
+  return peak * np.linalg.norm(w / peak)
+
+
+@pytest.mark.parametrize('dtype,w', [
+    ('float32', [1e-40, -3e-41, 2e-40]),  # subnormal (CPUs flush these to zero in arithmetic)
+    ('float32', [0.0, -1e-45, 0.0, 0.0]),  # the smallest subnormal alone
+    ('float32', [1e-38, 2e-40, -1e-39, 5e-41]),  # normal and subnormal entries mixed
+    ('float32', [1e-38, 3e-39, -2e-38]),  # tiny normal
+    ('float32', [1e38, -3e37, 2e38]),  # huge (|w| still representable)
+    ('float32', [-1e38, 1e38, -1e38]),
+    ('float64', [1e-310, -3e-311, 2e-310]),
+    ('float64', [1e-305, 3e-306, -2e-305]),
+    ('float64', [1e307, -3e306, -8e307]),
+])
+def test_from_cartesian_subnormal_tiny_and_huge_vectors(dtype, w):
+  with jax.enable_x64(dtype == 'float64'):
+    w = np.asarray(w, dtype)
+    theta, radius = hs.from_cartesian(jnp.asarray(w))
+    assert theta.dtype == w.dtype and radius.dtype == w.dtype
+    _check_ranges(theta)
+    w64 = w.astype(np.float64)
+    norm = _scaled_norm(w64)
+    u = np.asarray(hs.to_cartesian(theta), np.float64)
+    # The direction to full precision, the radius to its correct rounding.
+    np.testing.assert_allclose(u, w64 / norm, rtol=0, atol=1e-6)
+    assert abs(float(radius) - norm) <= np.spacing(np.asarray(norm, dtype)), (radius, norm)
+    back = float(radius) * u
+    assert np.linalg.norm((back - w64) / norm) < 1e-6, (back, w64)
+
+
+@pytest.mark.parametrize('dtype,exponents', [('float32', [-140, -120, -60, 60, 120]),
+                                             ('float64', [-1000, -500, 500, 1000])])
+def test_from_cartesian_is_exactly_scale_invariant_by_powers_of_two(dtype, exponents):
+  with jax.enable_x64(dtype == 'float64'):
+    g = np.random.default_rng(9).normal(size=40).astype(dtype)
+    theta, radius = map(np.asarray, hs.from_cartesian(jnp.asarray(g)))
+    for k in exponents:
+      w = np.ldexp(g, k)  # exact while every entry stays normal
+      if np.min(np.abs(w)) < np.finfo(dtype).tiny:
+        continue
+      theta_k, radius_k = map(np.asarray, hs.from_cartesian(jnp.asarray(w)))
+      np.testing.assert_array_equal(theta_k, theta)
+      assert radius_k == np.ldexp(radius, k)
+
+
+def test_from_cartesian_subnormal_result_radius_under_jit_and_vmap():
+  w = np.asarray([[1e-40, 3.0], [-3e-41, -4.0], [2e-40, 0.0]], np.float32)
+  theta, radius = jax.jit(jax.vmap(hs.from_cartesian, in_axes=1, out_axes=(1, 0)))(w)
+  np.testing.assert_allclose(np.asarray(radius, np.float64),
+                             [_scaled_norm(w[:, 0]), 5.0], rtol=4e-6)
+  np.testing.assert_allclose(hs.to_cartesian(theta[:, 0]), w[:, 0] / _scaled_norm(w[:, 0]),
+                             atol=1e-6)
+
+
+def test_from_cartesian_non_finite_gives_nan_angles():
+  theta, radius = hs.from_cartesian(jnp.asarray([np.inf, 1.0, 2.0]))
+  assert np.all(np.isnan(theta)) and radius == np.inf
+  theta, radius = hs.from_cartesian(jnp.asarray([1.0, np.nan, 2.0]))
+  assert np.all(np.isnan(theta)) and np.isnan(radius)
+
+
+def test_from_cartesian_gradient_is_scale_covariant(x64):
+  w = jnp.asarray(np.random.default_rng(4).normal(size=6))
+  check_grads(hs.from_cartesian, (w,), order=1, modes=('rev', 'fwd'))
+  jac_theta, jac_radius = jax.jacrev(hs.from_cartesian)(w)
+  for s in [2.0**-900, 1e-20, 1e20, 2.0**900]:
+    jt, jr = jax.jacrev(hs.from_cartesian)(w * s)
+    np.testing.assert_allclose(np.asarray(jt) * s, jac_theta, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(jr, jac_radius, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
+def test_narrow_float_directions_are_evaluated_in_float32(dtype):
+  # bf16 angles evaluated in bf16 give |u| ~ 1.6 at fan-in 4608; here the map runs in float32
+  # and only the result is rounded.
+  g = jax.random.normal(jax.random.key(0), (4608,), jnp.float32)
+  theta = hs.from_cartesian(g.astype(dtype))[0]
+  assert theta.dtype == jnp.dtype(dtype)
+  assert 0 <= float(theta[-1]) < 2 * np.pi
+  u = hs.to_cartesian(theta)
+  assert u.dtype == jnp.dtype(dtype)
+  np.testing.assert_array_equal(u, hs.to_cartesian(theta.astype(jnp.float32)).astype(dtype))
+  np.testing.assert_allclose(float(jnp.linalg.norm(u.astype(jnp.float32))), 1.0, rtol=1e-2)
+  d = np.asarray(g, np.float64) / np.linalg.norm(np.asarray(g, np.float64))
+  eps = float(jnp.finfo(dtype).eps)
+  assert np.max(np.abs(np.asarray(u, np.float64) - d)) < 20 * eps * np.max(np.abs(d))
+
+
+def test_angle_with_a_zero_vector_is_nan():
+  zeros, ones = jnp.zeros(3), jnp.ones(3)
+  for u, v in [(zeros, ones), (ones, zeros), (zeros, zeros)]:
+    assert np.isnan(hs.angle_between(u, v))
+    assert np.isnan(_angle(u, v))
+  assert np.isnan(hs.angle_between(jnp.asarray([np.inf, 1.0]), jnp.asarray([1.0, 1.0])))
+
+
+@pytest.mark.parametrize('scale', [1e-40, 1e-30, 1e-20, 1e20, 1e30, 1e38])
+def test_angle_between_tiny_and_huge_vectors(scale):
+  # |u| underflows (1e-30 squared is 0 in float32) or |v| u overflows without rescaling.
+  # (Built in numpy: jax arithmetic on CPU flushes subnormals to zero.)
+  u = jnp.asarray(np.asarray([scale, 0.0, 0.0], np.float32))
+  v = np.asarray([scale, scale, 0.0], np.float32)
+  np.testing.assert_allclose(float(hs.angle_between(u, jnp.asarray(v))), np.pi / 4, rtol=1e-6)
+  other = jnp.asarray(v * np.float32(1e-3 if scale > 1 else 1e3))  # differently scaled
+  np.testing.assert_allclose(float(hs.angle_between(u, other)), np.pi / 4, rtol=1e-6)
+
+
+def test_scan_functions_reject_scalars_and_mismatched_shapes():
+  with pytest.raises(ValueError, match='scalar'):
+    hs.prefix_product(jnp.float32(2.0))
+  with pytest.raises(ValueError, match='scalar'):
+    hs.suffix_affine(jnp.float32(1.0), jnp.float32(2.0))
+  with pytest.raises(ValueError, match='same shape'):
+    hs.suffix_affine(jnp.ones((3, 2)), jnp.ones((4, 2)))
+  with pytest.raises(ValueError, match='scheme must be one of'):
+    hs.prefix_product(jnp.ones((0, 2)), 'cumprod')

@@ -135,3 +135,38 @@ def test_project_batched_equals_explicit_basis_and_vmapped_project(m):
 def test_project_batched_bad_shape():
   with pytest.raises(ValueError, match='m >= 2'):
     lcw.project_batched(jnp.zeros((0, 3)))
+
+
+@pytest.mark.parametrize('dtype', [jnp.int32, jnp.bool_, 'int8'])
+def test_basis_integer_dtype_is_a_type_error(dtype):
+  # Cast to an integer dtype, the irrational entries would silently truncate.
+  with pytest.raises(TypeError, match='floating'):
+    lcw.basis(4, dtype=dtype)
+
+
+def test_project_non_numeric_is_a_type_error():
+  with pytest.raises(TypeError, match='key'):
+    lcw.project_batched(jax.random.split(jax.random.key(0), 3))
+
+
+def test_project_complex_is_the_same_linear_map(x64):
+  # Complex coordinates are kept: B_m is real, so w = B_m v is well defined, zero-sum, |w| = |v|.
+  rng = np.random.default_rng(3)
+  v = rng.normal(size=(6, 2)) + 1j * rng.normal(size=(6, 2))
+  w = np.asarray(lcw.project_batched(jnp.asarray(v)))
+  assert w.dtype == np.complex128
+  np.testing.assert_allclose(w, np.asarray(lcw.basis(7, jnp.float64)) @ v, atol=1e-13)
+  np.testing.assert_allclose(w.sum(axis=0), 0.0, atol=1e-13)
+  np.testing.assert_allclose(lcw.coordinates(jnp.asarray(w[:, 0])), v[:, 0], atol=1e-13)
+
+
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float16])
+def test_narrow_float_project_rounds_once(dtype):
+  # Computed in float32 and rounded once per entry (bf16 arithmetic rounds the sum too).
+  v = (jax.random.normal(jax.random.key(1), (4607, 3)) + 3.0).astype(dtype)
+  w = lcw.project_batched(v)
+  assert w.dtype == dtype
+  np.testing.assert_array_equal(w, lcw.project_batched(v.astype(jnp.float32)).astype(dtype))
+  c = lcw.coordinates(w[:, 0])
+  assert c.dtype == dtype
+  np.testing.assert_array_equal(c, lcw.coordinates(w[:, 0].astype(jnp.float32)).astype(dtype))
