@@ -47,10 +47,10 @@ def _rel(a, b):
 def resnet_sp():
   """A small flax-examples-style ResNet (BasicBlock + Bottleneck, BN) trained 5 SP steps."""
   model = ResNet()
-  x = jax.random.normal(jax.random.key(0), (8, 16, 16, 3))
+  x = jax.random.normal(jax.random.key(0), (8, 8, 8, 3))
   y = jax.random.randint(jax.random.key(1), (8,), 0, 5)
   variables = model.init(jax.random.key(2), x, train=False)
-  variables, losses = _train(model, variables, x, y, 5)
+  variables, losses = _train(model, variables, x, y, 4)
   assert losses[-1] < losses[0]
   return model, variables, x, y
 
@@ -71,7 +71,7 @@ def test_resnet_gmp_imn_drop_bn_keeps_function_trains_and_bakes(resnet_sp):
   out = rp.apply(new, x, train=False)
   assert _rel(out, ref) <= 1e-4
   # Training goes on from the converted weights and the loss falls.
-  trained, losses = _train(rp, new, x, y, 8)
+  trained, losses = _train(rp, new, x, y, 6)
   assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
   # Bake back into the ORIGINAL model (BatchNorm back as an identity carrying the bias).
   baked = geoparam.bake(rp, trained, x, train=False, approximate_borders=True)
