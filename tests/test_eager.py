@@ -8,6 +8,7 @@ gives jax new jaxprs, misses its caches and builds a new executable every time.
 
 import contextlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,6 +133,15 @@ LAYERS = {
     'LCWDense': (lambda: geoparam.LCWDense(6), (4, 9)),
     'LCWConv': (lambda: geoparam.LCWConv(6, (3, 3)), (2, 5, 5, 3)),
     'CWNDense': (lambda: geoparam.CWNDense(6), (4, 9)),
+    'GmP(Dense)+IMN': (lambda: geoparam.GmP(nn.Dense(6), input_mean_norm=True,
+                                            use_running_average=True), (4, 9)),
+    'GmP(Conv)': (lambda: geoparam.GmP(nn.Conv(6, (3, 3))), (2, 5, 5, 3)),
+    'LCW(Dense)': (lambda: geoparam.LCW(nn.Dense(6)), (4, 9)),
+    'CWN(Conv)': (lambda: geoparam.CWN(nn.Conv(6, (3, 3))), (2, 5, 5, 3)),
+    'WN(Dense)': (lambda: geoparam.WN(nn.Dense(6)), (4, 9)),
+    'reparameterize(gmp_imn)': (
+        lambda: geoparam.reparameterize(nn.Sequential([nn.Dense(6), nn.relu, nn.Dense(2)]),
+                                        'gmp_imn'), (4, 9)),
 }
 
 
