@@ -192,10 +192,15 @@ def bypassed() -> bool:
 
 # ----------------------------------------------------------------------------- initializers
 
+def _box_of(value):
+  """`value` if it is a partitioning box (nn.Partitioned or a subclass), else None."""
+  return value if isinstance(value, nn.Partitioned) else None
+
+
 def _kernel_box(layer, kernel_shape, dtype):
-  """The partitioning box of the layer's `kernel_init` (nn.Partitioned or a subclass), or None."""
-  out = jax.eval_shape(lambda k: layer.kernel_init(k, kernel_shape, dtype), jax.random.key(0))
-  return out if isinstance(out, nn.Partitioned) else None
+  """The partitioning box of the layer's `kernel_init`, or None (traced, nothing is drawn)."""
+  return _box_of(jax.eval_shape(lambda k: layer.kernel_init(k, kernel_shape, dtype),
+                                jax.random.key(0)))
 
 
 def _boxed(box, init, feature_axis_first: bool):
@@ -324,15 +329,16 @@ def lcw_call(holder, cfg, layer, inputs, use_running_average=None):
     raise ValueError(f'{_describe(holder, layer)}: LCW needs a fan-in of at least 2, got {fan_in} '
                      f'(kernel {kernel_shape}): one weight has no nonzero zero-sum value.')
   dtype = layer.param_dtype
-  box = functools.partial(_kernel_box, layer, kernel_shape, dtype)
 
   def v_init(key, shape, dtype=jnp.float32):  # the zero-sum part of the layer's own draw
     del shape
-    return v_from_kernel(meta.unbox(layer.kernel_init(key, kernel_shape, dtype)))
+    drawn = layer.kernel_init(key, kernel_shape, dtype)
+    v = v_from_kernel(meta.unbox(drawn))
+    return _boxed(_box_of(drawn), lambda *_: v, False)(None, None)
 
-  v = get_or_create_param(holder, 'v', lambda: _boxed(box(), v_init, False),
-                          (fan_in - 1, features), dtype)
+  v = get_or_create_param(holder, 'v', lambda: v_init, (fan_in - 1, features), dtype)
   kernel = kernel_from_v(v, kernel_shape)
+  box = lambda: _box_of(holder.get_variable('params', 'v'))  # the draw's metadata, if any
   return run_layer(layer, kernel, _bias(holder, layer, features, box), inputs)
 
 
@@ -342,8 +348,8 @@ def _normed_call(formula, holder, cfg, layer, inputs, min_fan_in, why):
     raise ValueError(f'{_describe(holder, layer)}: needs a fan-in of at least {min_fan_in}, got '
                      f'{fan_in} (kernel {kernel_shape}): {why}.')
   dtype = layer.param_dtype
-  box = functools.partial(_kernel_box, layer, kernel_shape, dtype)
   kernel = get_or_create_param(holder, 'kernel', lambda: layer.kernel_init, kernel_shape, dtype)
+  box = lambda: _box_of(holder.get_variable('params', 'kernel'))  # kernel_init's metadata
   scale = get_or_create_param(holder, 'scale', lambda: _boxed(box(), cfg.scale_init, True),
                               (features,), dtype)
   kernel = formula(kernel, scale, cfg.epsilon)
