@@ -19,7 +19,6 @@ from absl import app
 from absl import flags
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import geoparam

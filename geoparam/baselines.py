@@ -11,13 +11,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from geoparam import wrappers
 from geoparam.wrappers import centered_weight_norm

@@ -13,7 +13,6 @@ draw minus its per-unit mean.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import flax.linen as nn

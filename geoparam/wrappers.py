@@ -34,11 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
-import functools
 import math
 import numbers
 import threading
-from typing import Any
 
 import flax.linen as nn
 from flax.core import meta
@@ -55,16 +53,15 @@ from geoparam.gmp import gmp_variables
 from geoparam.gmp import imn_fold
 from geoparam.normalization import InputMeanNorm
 
-__all__ = ['GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'layer_kernel_shape',
-           'run_layer', 'contract_axes', 'CALLS', 'weight_norm', 'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
+__all__ = ['GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'CALLS',
+           'layer_kernel_shape', 'contract_axes', 'run_layer', 'weight_norm',
+           'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
 
 Initializer = Callable[..., jax.Array]
 
 LAYER_TYPES = (nn.Dense, nn.Conv, nn.DenseGeneral)
 INITIALIZATIONS = ('paper', 'layer')
 
-
-# ----------------------------------------------------------------------------- pure functions
 
 # ----------------------------------------------------------------------------- formulas
 
@@ -131,7 +128,8 @@ def layer_kernel_shape(layer: nn.Module, inputs_shape: tuple[int, ...],
   `LAYER_TYPES`, and a ValueError for kernels whose output is not one last axis.
 
     >>> import flax.linen as nn, geoparam
-    >>> geoparam.wrappers.layer_kernel_shape(nn.Conv(8, (3, 3), feature_group_count=2), (1, 5, 5, 4))
+    >>> conv = nn.Conv(8, (3, 3), feature_group_count=2)
+    >>> geoparam.wrappers.layer_kernel_shape(conv, (1, 5, 5, 4))
     (3, 3, 2, 8)
   """
   name = name or _describe(layer)

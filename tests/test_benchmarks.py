@@ -41,3 +41,17 @@ def test_interleaved_times_every_thunk_in_turns():
   times = layers._interleaved([lambda: calls.append('a'), lambda: calls.append('b')], repeats=3)
   assert times.shape == (2, 3) and (times >= 0).all()
   assert calls == ['a', 'b'] * 4  # one warm-up round, then 3 timed rounds
+
+
+def test_eager_benchmark_runs_on_tiny_shapes_and_writes_json(tmp_path):
+  from benchmarks import eager
+  out = tmp_path / 'eager.json'
+  rows = eager.run(['GmPDense', 'GmP(Conv)'], tiny=True, repeats=2, out=str(out))
+  assert [r['case'] for r in rows] == ['GmPDense', 'GmP(Conv)']
+  for row in rows:
+    for what in ('init', 'apply'):
+      assert row[f'layer_{what}_ms'] > 0 and row[f'baseline_{what}_ms'] > 0
+      assert row[f'{what}_ratio'] > 0
+  assert json.loads(out.read_text())['tiny'] is True
+  with pytest.raises(ValueError, match='accepted'):
+    eager.run(['GmPDence'], tiny=True, repeats=1)

@@ -1,4 +1,4 @@
-"""Eager (un-jitted) calls must not recompile: the 2nd and 3rd call of the same shapes compile nothing.
+"""Eager (un-jitted) calls must not recompile: a 2nd and 3rd call of one shape compile nothing.
 
 Compilations are counted with a `jax.monitoring` listener on XLA's backend-compile event,
 which fires once per executable built (jitted functions and single primitives run eagerly

@@ -147,12 +147,36 @@ def _equality_worker(tmp):
             sharding.make_mesh((8,)), boxed))]
   finally:
     train.create_model = real_create_model
+  out['imn_shard_map'] = _imn_shard_map_worker(rng)
   try:
     sharding.check_batch_size(12, sharding.make_mesh((8,)))
     out['divisibility_error'] = None
   except ValueError as e:
     out['divisibility_error'] = str(e)
   print('RESULT ' + json.dumps(out))
+
+
+def _imn_shard_map_worker(rng):
+  """IMN with axis_name inside shard_map: each device's mean is the global-batch mean."""
+  import flax.linen as nn
+  import jax
+  from jax.sharding import PartitionSpec as P
+  import geoparam
+  from experiments import sharding
+  mesh = sharding.make_mesh((8,))
+  x = (rng.normal(size=(16, 5)) + np.arange(16)[:, None]).astype(np.float32)  # shards differ
+  diffs = {}
+  for axis_name in ('data', None):
+    layer = geoparam.GmP(nn.Dense(3), input_mean_norm=True, axis_name=axis_name)
+    v = layer.init(jax.random.key(0), x[:2], use_running_average=False)
+
+    def running_mean(xs, layer=layer, v=v):
+      _, upd = layer.apply(v, xs, use_running_average=False, mutable=['batch_stats'])
+      return upd['batch_stats']['input_mean_norm']['mean'][None]
+
+    means = jax.shard_map(running_mean, mesh=mesh, in_specs=P('data'), out_specs=P('data'))(x)
+    diffs[str(axis_name)] = float(np.abs(np.asarray(means) - 0.01 * x.mean(0)).max())
+  return diffs
 
 
 def _train_worker(workdir, data_dir, cache_dir, port=None, process_id=None, num_processes=None):
@@ -204,6 +228,8 @@ def test_sharded_steps_equal_one_device(tmp_path):
     assert split['count_spec'] == [], split  # scalars replicated
     assert split['out_bias_spec'] == [], split  # 10 features: not divisible by 4, replicated
     assert out[method]['restored_equal'], method  # orbax restore keeps shardings and values
+  assert out['imn_shard_map']['data'] < 1e-6, out['imn_shard_map']  # global batch mean
+  assert out['imn_shard_map']['None'] > 1e-3, out['imn_shard_map']  # per-device without it
   meta = out['metadata']
   assert meta['diffs'][0] < 1e-5 and meta['diffs'][1] < 1e-5, meta
   assert meta['specs'] == {'hidden/kernel': [None, 'model'],  # metadata

@@ -106,8 +106,8 @@ def test_lcw_and_cwn_wrappers_equal_paper_form_layers(x64):
                                paper.apply({'params': params}, x), rtol=1e-12, atol=1e-12)
   # LCW's kernel sums to zero per unit; an explicit basis matrix gives the same kernel.
   v = jax.random.normal(jax.random.key(3), (6, 3), jnp.float64)
-  np.testing.assert_allclose(geoparam.wrappers.kernel_from_v(v), geoparam.lcw.basis(7, jnp.float64) @ v,
-                             atol=1e-12)
+  np.testing.assert_allclose(geoparam.wrappers.kernel_from_v(v),
+                             geoparam.lcw.basis(7, jnp.float64) @ v, atol=1e-12)
 
 
 def test_wn_wrapper_formula(x64):
@@ -152,7 +152,8 @@ def test_wrapper_under_flax_lifts_jit_grad(lift):
 
   wrapped, paper = build(_Block), build(_PlainBlock)
   params = wrapped.init(jax.random.key(1), x)['params']
-  assert jax.tree.structure(params) == jax.tree.structure(paper.init(jax.random.key(1), x)['params'])
+  paper_params = paper.init(jax.random.key(1), x)['params']
+  assert jax.tree.structure(params) == jax.tree.structure(paper_params)
 
   def loss(m, p):
     return jnp.sum(m.apply({'params': p}, x)[0] ** 2)
