@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from geoparam import gmp
+from geoparam import wrappers
 
 __all__ = [
   'KINDS',
@@ -139,10 +140,7 @@ def _bias(params, key, kernel, kind, name=None) -> jax.Array:
 
 def _weight_norm_kernel(v, g, kind):
   v = _kernel(v)
-  g = _per_feature(g, 'scale', v, kind)
-  norm = jnp.sqrt(jnp.sum(v * v, axis=0))
-  safe = jnp.where(norm > 0, norm, 1.0)
-  return v * (g / safe)[None, :]
+  return wrappers.weight_norm(v, _per_feature(g, 'scale', v, kind))
 
 
 def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
