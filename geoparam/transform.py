@@ -49,7 +49,8 @@ import numpy as np
 from geoparam import convert
 from geoparam import wrappers
 
-__all__ = ['METHODS', 'Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake']
+__all__ = ['METHODS', 'Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake',
+           'bn_affine', 'convert_layer', 'plain_layer']
 
 # Method name -> (wrapper class, its preset fields). One row per method.
 METHODS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
@@ -264,19 +265,28 @@ def _name(path):
   return '/'.join(path) or '<root>'
 
 
+def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
+  """`(s, t)` float64 with `BatchNorm(z) = s * z + t` in evaluation mode, `(features,)` each.
+
+  `mean`, `var`: the running statistics; `scale`, `bias`: the affine params (None
+  when the norm has none).
+  """
+  s = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
+  if scale is not None:
+    s = s * np.asarray(scale, np.float64)
+  t = -np.asarray(mean, np.float64) * s
+  if bias is not None:
+    t = t + np.asarray(bias, np.float64)
+  return s, t
+
+
 def _bn_affine(bn: nn.BatchNorm, variables, path):
-  """`(s, t)` with `BN(z) = s * z + t` in evaluation mode, shape `(features,)` each."""
+  """`bn_affine` of a linen BatchNorm at `path` of `variables`."""
   stats = _get(variables['batch_stats'], path)
   params = _get(variables.get('params', {}), path) if bn.use_scale or bn.use_bias else {}
-  mean = np.asarray(stats['mean'], np.float64)
-  var = np.asarray(stats['var'], np.float64)
-  s = 1.0 / np.sqrt(var + bn.epsilon)
-  if bn.use_scale:
-    s = s * np.asarray(params['scale'], np.float64)
-  t = -mean * s
-  if bn.use_bias:
-    t = t + np.asarray(params['bias'], np.float64)
-  return s, t
+  return bn_affine(stats['mean'], stats['var'], bn.epsilon,
+                   params['scale'] if bn.use_scale else None,
+                   params['bias'] if bn.use_bias else None)
 
 
 def _padding_free(layer) -> bool:
@@ -375,38 +385,58 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
       if col in new:
         _pop(new[col], bn_path)
   for path, call in layers.items():
-    layer = call.layer
     sp = _get(variables['params'], path)
-    kernel = np.asarray(meta.unbox(sp['kernel']), np.float64)
-    features = kernel.shape[-1]
-    bias = np.asarray(meta.unbox(sp['bias']), np.float64) if 'bias' in sp else np.zeros(features)
-    if path in folds:
-      s, t = folds[path]
-      kernel, bias = kernel * s, bias * s + t
-    mean = None
-    if METHODS[rp.method][1].get('input_mean_norm') and _padding_free(layer):
-      mean = _flat_mean(layer, call.inputs)
-    dtype = jnp.asarray(meta.unbox(sp['kernel'])).dtype
-    stored = _to_stored(rp.method, cfg, layer, kernel, bias, mean, path, dtype)
-    stored = {k: jnp.asarray(v, dtype) for k, v in stored.items()}
-    if 'bias' in stored and not getattr(layer, 'use_bias', True):  # LCW, CWN, WN
-      if np.any(stored['bias'] != 0):
-        raise ValueError(f'layer {_name(path)} has use_bias=False, but the folded BatchNorm '
-                         'needs a bias: set use_bias=True in the model.')
-      del stored['bias']
+    stored, mean = convert_layer(rp.method, cfg, call.layer, meta.unbox(sp['kernel']),
+                                 meta.unbox(sp['bias']) if 'bias' in sp else None, call.inputs,
+                                 path, folds.get(path))
     _put(new['params'], path, stored)
-    if METHODS[rp.method][1].get('input_mean_norm'):
-      width = math.prod(jnp.shape(call.inputs)[a] for a in wrappers.contract_axes(
-          layer, jnp.ndim(call.inputs)))
-      mean_dtype = jnp.promote_types(jnp.asarray(call.inputs).dtype, jnp.float32)
-      value = np.zeros(width) if mean is None else mean
-      _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',),
-           {'mean': jnp.asarray(value, mean_dtype)})
+    if mean is not None:
+      _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
   return new
 
 
-def _from_stored(method, cfg, layer, stored, kernel_shape, mean, path, approximate_borders):
-  """`(kernel, bias)` of the plain layer from `method`'s stored variables (numpy float64)."""
+def convert_layer(method: str, cfg, layer: nn.Module, kernel, bias, inputs, path=(), fold=None):
+  """One trained layer's `(kernel, bias)` as `method`'s variables, exactly (float64 inside).
+
+  Args:
+    method: one of `METHODS`; `cfg` its unbound wrapper (options).
+    layer: the linen layer (its fields), `kernel` and `bias` (None: no bias) its params.
+    inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
+    path: for error messages.
+    fold: optional `(s, t)` of a following BatchNorm folded in (`bn_affine`).
+
+  Returns:
+    `(stored, mean)`: the params `{name: array}` in the kernel's dtype, and IMN's
+    running mean `(fan_in_part,)` (None without IMN).
+  """
+  dtype = jnp.asarray(kernel).dtype
+  kernel = np.asarray(kernel, np.float64)
+  features = kernel.shape[-1]
+  bias = np.zeros(features) if bias is None else np.asarray(bias, np.float64)
+  if fold is not None:
+    s, t = fold
+    kernel, bias = kernel * s, bias * s + t
+  imn = METHODS[method][1].get('input_mean_norm', False)
+  mean = _flat_mean(layer, inputs) if imn and _padding_free(layer) else None
+  stored = _to_stored(method, cfg, layer, kernel, bias, mean, path, dtype)
+  stored = {k: jnp.asarray(v, dtype) for k, v in stored.items()}
+  if 'bias' in stored and not getattr(layer, 'use_bias', True):  # LCW, CWN, WN
+    if np.any(stored['bias'] != 0):
+      raise ValueError(f'layer {_name(path)} has use_bias=False, but the folded BatchNorm '
+                       'needs a bias: set use_bias=True in the model.')
+    del stored['bias']
+  if not imn:
+    return stored, None
+  width = math.prod(jnp.shape(inputs)[a] for a in wrappers.contract_axes(layer, jnp.ndim(inputs)))
+  mean_dtype = jnp.promote_types(jnp.result_type(inputs), jnp.float32)
+  return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
+
+
+def plain_layer(method, cfg, layer, stored, kernel_shape, mean, path=(), approximate_borders=False):
+  """`(kernel, bias)` numpy float64 of the plain layer from `method`'s stored variables.
+
+  `mean`: IMN's running mean (None without IMN); see `bake` for `approximate_borders`.
+  """
   f64 = lambda name: np.asarray(meta.unbox(stored[name]), np.float64)
   features = kernel_shape[-1]
   if method in ('gmp', 'gmp_imn'):
@@ -454,7 +484,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
       mean = np.asarray(_get(variables['batch_stats'], path)['input_mean_norm']['mean'],
                         np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
-    kernel, bias = _from_stored(rp.method, cfg, layer, stored, kernel_shape, mean, path,
+    kernel, bias = plain_layer(rp.method, cfg, layer, stored, kernel_shape, mean, path,
                                 approximate_borders)
     dtype = _get(shapes['params'], path)['kernel'].dtype
     plain = {'kernel': jnp.asarray(kernel, dtype)}
