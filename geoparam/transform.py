@@ -262,7 +262,7 @@ def _unfrozen(variables):
 
 
 def _name(path):
-  return '/'.join(path) or '<root>'
+  return '/'.join(str(p) for p in path) or '<root>'
 
 
 def bn_affine(mean, var, epsilon: float, scale=None, bias=None):

@@ -9,8 +9,12 @@ import pytest
 import geoparam
 
 MODULES = sorted(
-    ['geoparam'] + [f'geoparam.{m.name}' for m in pkgutil.iter_modules(geoparam.__path__)]
+    ['geoparam'] + [m.name for m in pkgutil.walk_packages(geoparam.__path__, 'geoparam.')]
     + ['experiments.vision_models'])
+
+
+def test_every_subpackage_is_collected():
+  assert {'geoparam.nnx', 'geoparam.nnx.modules', 'geoparam.nnx.transform'} <= set(MODULES)
 
 
 @pytest.mark.parametrize('name', MODULES)

@@ -1,0 +1,37 @@
+"""geoparam for Flax NNX: the same layers, wrappers and whole-model transform, on NNX state.
+
+`import geoparam.nnx` (linen users never need it). Every module runs the linen
+implementation of the same name on its NNX variables (`geoparam.nnx.modules`),
+so each formula exists once; `reparameterize`/`bake` change a model in place
+(`geoparam.nnx.transform`).
+"""
+
+from geoparam.he_init import he_normal
+from geoparam.he_init import he_uniform
+from geoparam.nnx.modules import CWN
+from geoparam.nnx.modules import CWNConv
+from geoparam.nnx.modules import CWNLinear
+from geoparam.nnx.modules import GmP
+from geoparam.nnx.modules import GmPConv
+from geoparam.nnx.modules import GmPLinear
+from geoparam.nnx.modules import InputMeanNorm
+from geoparam.nnx.modules import LAYER_TYPES
+from geoparam.nnx.modules import LCW
+from geoparam.nnx.modules import LCWConv
+from geoparam.nnx.modules import LCWLinear
+from geoparam.nnx.modules import LinenBacked
+from geoparam.nnx.modules import MeanOnlyBatchNorm
+from geoparam.nnx.modules import PReLU
+from geoparam.nnx.modules import WN
+from geoparam.nnx.modules import linen_twin
+from geoparam.nnx.transform import DroppedBatchNorm
+from geoparam.nnx.transform import METHODS
+from geoparam.nnx.transform import bake
+from geoparam.nnx.transform import reparameterize
+
+__all__ = [
+  'CWN', 'CWNConv', 'CWNLinear', 'DroppedBatchNorm', 'GmP', 'GmPConv', 'GmPLinear',
+  'InputMeanNorm', 'LAYER_TYPES', 'LCW', 'LCWConv', 'LCWLinear', 'LinenBacked', 'METHODS',
+  'MeanOnlyBatchNorm', 'PReLU', 'WN', 'bake', 'he_normal', 'he_uniform', 'linen_twin',
+  'reparameterize',
+]

@@ -1,0 +1,284 @@
+"""Reparameterize an NNX model in place, exactly, and bake it back.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import geoparam.nnx as gnnx
+    >>> class MLP(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.hidden = nnx.Linear(3, 8, rngs=rngs)
+    ...     self.head = nnx.Linear(8, 2, rngs=rngs)
+    ...   def __call__(self, x):
+    ...     return self.head(nnx.relu(self.hidden(x)))
+    >>> model = MLP(nnx.Rngs(0))
+    >>> x = jnp.ones((4, 3))
+    >>> before = model(x)
+    >>> model = gnnx.reparameterize(model, 'gmp', exclude=['head'])
+    >>> type(model.hidden).__name__, model.hidden.theta.shape
+    ('GmP', (2, 8))
+    >>> bool(jnp.allclose(model(x), before, atol=1e-5))
+    True
+    >>> model = gnnx.bake(model)
+    >>> type(model.hidden).__name__, bool(jnp.allclose(model(x), before, atol=1e-5))
+    ('Linear', True)
+
+The conversion is `geoparam.transform.convert_layer` (the linen transform's):
+BatchNorm folding, IMN calibration and the exactness checks are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+import math
+from typing import Any
+
+from flax import nnx
+from flax import traverse_util
+import jax.numpy as jnp
+import numpy as np
+
+from geoparam import transform
+from geoparam.nnx import modules
+
+__all__ = ['METHODS', 'DroppedBatchNorm', 'reparameterize', 'bake']
+
+# Method name -> (NNX wrapper class, its preset options); the names of geoparam.transform.METHODS.
+METHODS = {
+  'gmp': (modules.GmP, {}),
+  'gmp_imn': (modules.GmP, {'input_mean_norm': True}),
+  'lcw': (modules.LCW, {}),
+  'cwn': (modules.CWN, {}),
+  'wn': (modules.WN, {}),
+}
+assert set(METHODS) == set(transform.METHODS)
+
+Where = Callable[[nnx.Module, tuple[str, ...]], bool]
+
+
+class DroppedBatchNorm(nnx.Module):
+  """The identity where `reparameterize(..., drop_batchnorm=True)` removed an `nnx.BatchNorm`.
+
+  Keeps what `bake` needs to put a BatchNorm back (as the identity, carrying the
+  bias of a preceding layer that has none): `num_features`, `epsilon`,
+  `use_scale`, `use_bias`, `param_dtype` and the producing layer's path.
+  """
+
+  def __init__(self, bn: nnx.BatchNorm, producer: tuple[Any, ...]):
+    self.num_features = bn.num_features
+    self.epsilon = bn.epsilon
+    self.use_scale, self.use_bias = bn.use_scale, bn.use_bias
+    self.param_dtype = bn.param_dtype
+    self.stats_dtype = bn.mean[...].dtype
+    self.producer = tuple(producer)
+
+  def __call__(self, x, *args, **kwargs):
+    """Returns `x` (any BatchNorm call arguments are accepted and ignored)."""
+    del args, kwargs
+    return x
+
+
+def _name(path) -> str:
+  return '/'.join(str(p) for p in path) or '<root>'
+
+
+def _selected(node, path, where, exclude) -> bool:
+  names = tuple(str(p) for p in path)
+  if '/'.join(names) in exclude or (names and names[-1] in exclude):
+    return False
+  return where is None or bool(where(node, names))
+
+
+def _replace(model, path, new):
+  """Puts `new` at `path` of the graph (attribute of a Module, or item of a List/dict)."""
+  parent = model
+  for key in path[:-1]:
+    parent = getattr(parent, key) if isinstance(key, str) and hasattr(parent, key) else parent[key]
+  key = path[-1]
+  if isinstance(parent, nnx.Module) and isinstance(key, str) and not isinstance(
+      parent, nnx.List):
+    setattr(parent, key, new)
+  else:
+    parent[key] = new
+
+
+class _Probe(nnx.Module, pytree=False):
+  """Records its inner module's first call `(inputs, output)` into `log[path]`."""
+
+  def __init__(self, inner, path, log):
+    self.inner, self.path, self.log = inner, path, log
+
+  def __call__(self, x, *args, **kwargs):
+    y = self.inner(x, *args, **kwargs)
+    self.log.setdefault(self.path, (x, y))
+    return y
+
+
+def _record(model, paths, example_args):
+  """Runs an eval-mode copy of `model` on `example_args`; `{path: (inputs, output)}`."""
+  probe = nnx.clone(model)
+  probe.eval()
+  log: dict[tuple[Any, ...], Any] = {}
+  nodes = dict(nnx.iter_graph(probe))
+  for path in paths:
+    _replace(probe, path, _Probe(nodes[path], path, log))
+  probe(*example_args)
+  return log
+
+
+def _check_method(method):
+  if method not in METHODS:
+    raise ValueError(f'method must be one of {tuple(METHODS)}, got {method!r}.')
+
+
+def reparameterize(model: nnx.Module, method: str, *example_args, where: Where | None = None,
+                   exclude: Iterable[str] = (), drop_batchnorm: bool = False,
+                   use_running_average: bool | None = None, **options):
+  """Replaces `model`'s Linear/Conv/LinearGeneral layers by `method`'s wrapper, in place, exactly.
+
+  Each selected layer becomes `geoparam.nnx.GmP(layer)` (or LCW, CWN, WN)
+  holding that layer's current weights converted exactly, so the model's
+  evaluation outputs do not change (float rounding aside).
+
+  Args:
+    model: any NNX module (changed in place and returned).
+    method: `'gmp'`, `'gmp_imn'`, `'lcw'`, `'cwn'` or `'wn'`.
+    *example_args: an example batch for `model(*example_args)`; needed for
+      `drop_batchnorm` (to see which layer feeds each BatchNorm) and to start
+      IMN's running mean at the batch mean (else it starts at 0, also exact).
+    where: optional `where(layer, path) -> bool` (path: tuple of str).
+    exclude: names or '/'-joined paths kept plain, e.g. `['head']`.
+    drop_batchnorm: fold each selected `nnx.BatchNorm` (evaluation statistics)
+      into the layer feeding it and replace it by `DroppedBatchNorm` (identity).
+    use_running_average: the new wrappers' train/eval mode (IMN); None takes the
+      model's: that of its first module with this attribute (e.g. a BatchNorm),
+      else True (evaluation). `model.train()`/`model.eval()` switch it later.
+    **options: wrapper options (`momentum`, `axis_name`, `epsilon`, ...).
+
+  Returns:
+    `model`. Raises ValueError naming the layer when no exact form exists (see
+    `geoparam.transform.to_reparameterized`).
+  """
+  _check_method(method)
+  if isinstance(exclude, str):
+    exclude = (exclude,)
+  exclude = tuple(exclude)
+  cls, preset = METHODS[method]
+  cfg = transform._config(method, options)  # unknown options fail here, before any change
+  options = {**preset, **options}
+  nodes = list(nnx.iter_graph(model))
+  layers = {p: n for p, n in nodes if isinstance(n, modules.LAYER_TYPES)
+            and _selected(n, p, where, exclude)}
+  norms = {p: n for p, n in nodes if drop_batchnorm and isinstance(n, nnx.BatchNorm)
+           and _selected(n, p, where, exclude)}
+  if norms and not example_args:
+    raise ValueError('drop_batchnorm=True needs an example batch (reparameterize(model, method, '
+                     'x, ...)) to find the layer that feeds each BatchNorm.')
+  if use_running_average is None:
+    use_running_average = next((n.use_running_average for _, n in nodes if isinstance(
+        n, nnx.Module) and getattr(n, 'use_running_average', None) is not None), True)
+  calls = _record(model, list(layers) + list(norms), example_args) if example_args else {}
+  folds, dropped = {}, {}
+  for bn_path, bn in norms.items():
+    if bn_path not in calls:
+      continue
+    producer = [p for p in layers if p in calls and calls[p][1] is calls[bn_path][0]]
+    if not producer:
+      raise ValueError(
+          f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
+          'reparameterized Linear/Conv layer, so it cannot be folded (keep it with '
+          'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
+    if bn.axis not in (-1, calls[bn_path][0].ndim - 1):
+      raise ValueError(f'BatchNorm {_name(bn_path)} normalizes axis {bn.axis}, not the features '
+                       'axis of the layer before it: it cannot be folded.')
+    folds[producer[0]] = transform.bn_affine(
+        bn.mean[...], bn.var[...], bn.epsilon, bn.scale[...] if bn.use_scale else None,
+        bn.bias[...] if bn.use_bias else None)
+    dropped[bn_path] = producer[0]
+  converted = {}
+  for path, layer in layers.items():
+    name = f'layer {_name(path)}'
+    twin = modules.linen_twin(layer, name)
+    inputs = calls[path][0] if path in calls else modules.example_input(layer)
+    kernel = layer.kernel[...]
+    bias = layer.bias[...] if layer.use_bias else None
+    stored, mean = transform.convert_layer(method, cfg, twin, kernel, bias, inputs, path,
+                                           folds.get(path))
+    wrapper_options = dict(options)
+    if cls is modules.GmP:
+      wrapper_options['initialization'] = 'layer'
+    if not layer.use_bias and 'bias' in stored and cls is not modules.GmP:
+      raise ValueError(f'{name} has use_bias=False, but the folded BatchNorm needs a bias.')
+    wrapper = cls(layer, use_running_average=use_running_average, **wrapper_options)
+    variables = {'params': stored}
+    if mean is not None:
+      variables['batch_stats'] = {'input_mean_norm': {'mean': mean}}
+    _load(wrapper, variables, name)
+    converted[path] = wrapper
+  for path, wrapper in converted.items():
+    _replace(model, path, wrapper)
+  for bn_path, producer in dropped.items():
+    _replace(model, bn_path, DroppedBatchNorm(norms[bn_path], producer))
+  return model
+
+
+def _load(wrapper: modules.LinenBacked, variables, name):
+  """Sets the wrapper's variables to `variables` (same names and shapes)."""
+  flat = traverse_util.flatten_dict(variables)
+  paths = set(wrapper.variable_paths)
+  if set(flat) != paths:
+    raise ValueError(f'{name}: converted variables {sorted(flat)} do not match the wrapper\'s '
+                     f'{sorted(paths)}.')
+  for path, value in flat.items():
+    var = wrapper._variable_at(path[1:])
+    if tuple(jnp.shape(value)) != tuple(var.shape):
+      raise ValueError(f'{name}: {"/".join(path)} has shape {jnp.shape(value)}, expected '
+                       f'{var.shape}.')
+    var[...] = jnp.asarray(value, var.dtype)
+
+
+def bake(model: nnx.Module, *, approximate_borders: bool = False):
+  """Turns every geoparam NNX wrapper in `model` back into its plain layer, in place.
+
+  The plain layers compute the same function in evaluation mode (IMN's running
+  mean folded into the bias; for zero-padded convs with a nonzero running mean
+  that is exact only away from the borders: raises unless
+  `approximate_borders=True`). Each `DroppedBatchNorm` becomes an
+  `nnx.BatchNorm` that is the identity in evaluation mode (mean 0, var 1,
+  scale `sqrt(1 + epsilon)`), carrying the bias of a bias-less layer before it.
+  Returns `model`.
+  """
+  nodes = list(nnx.iter_graph(model))
+  plain, biases = {}, {}
+  for path, node in nodes:
+    if isinstance(node, modules._Wrapper):
+      layer, bias = node.plain_layer(approximate_borders=approximate_borders,
+                                     carry_bias=any(
+                                         isinstance(n, DroppedBatchNorm) and n.producer == path
+                                         for _, n in nodes))
+      plain[path] = layer
+      if not layer.use_bias:
+        biases[path] = bias
+  for path, node in nodes:
+    if isinstance(node, DroppedBatchNorm):
+      bn = nnx.BatchNorm(node.num_features, epsilon=node.epsilon, use_scale=node.use_scale,
+                         use_bias=node.use_bias, param_dtype=node.param_dtype,
+                         use_running_average=True, rngs=nnx.Rngs(0))
+      bn.mean[...] = jnp.zeros(node.num_features, node.stats_dtype)
+      bn.var[...] = jnp.ones(node.num_features, node.stats_dtype)
+      if node.use_scale:
+        bn.scale[...] = jnp.full(node.num_features, math.sqrt(1.0 + node.epsilon),
+                                 bn.scale.dtype)
+      carried = biases.pop(node.producer, None)
+      if carried is not None:
+        if not node.use_bias and np.any(carried != 0):
+          raise ValueError(f'layer {_name(node.producer)}: its nonzero bias has no place in the '
+                           'plain model (the layer and the BatchNorm after it have no bias).')
+        if node.use_bias:
+          bn.bias[...] = jnp.asarray(carried, bn.bias.dtype)
+      plain[path] = bn
+  for path, bias in biases.items():
+    if np.any(bias != 0):
+      raise ValueError(f'layer {_name(path)} has use_bias=False in the plain model, but its '
+                       'reparameterized form has a nonzero bias: no plain weights match.')
+  for path, new in plain.items():
+    _replace(model, path, new)
+  return model
