@@ -439,5 +439,14 @@ def test_sharded_on_8_fake_devices_equals_one_device():
   np.testing.assert_allclose(many[2], one[2], rtol=1e-5, atol=1e-6)
 
 
+def test_nnx_vs_linen_benchmark_runs_on_tiny_shapes(tmp_path):
+  out = tmp_path / 'nnx.json'
+  subprocess.run([sys.executable, '-m', 'benchmarks.nnx_vs_linen', '--tiny', f'--out={out}'],
+                 cwd=ROOT, check=True, capture_output=True, timeout=300)
+  row = json.loads(out.read_text())
+  assert row['width'] == 16 and row['linen_ms'] > 0
+  assert row['nnx_jit_ratio'] > 0 and row['nnx_split_ratio'] > 0
+
+
 if __name__ == '__main__' and sys.argv[1:] == ['sharded']:
   _sharded_worker()
