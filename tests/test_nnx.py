@@ -381,6 +381,22 @@ def test_bad_inputs_are_clear_errors():
   assert isinstance(model.conv2, nnx.Conv)  # nothing changed on failure
 
 
+def test_a_shared_layer_is_refused_not_half_replaced():
+  class Tied(nnx.Module):
+    def __init__(self, rngs):
+      self.a = nnx.Linear(3, 3, rngs=rngs)
+      self.blocks = nnx.List([self.a])
+
+    def __call__(self, x):
+      return self.blocks[0](self.a(x))
+
+  model = Tied(nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r'Linear at a is shared \(also at blocks/0\)'):
+    gnnx.reparameterize(model, 'gmp')
+  assert isinstance(model.a, nnx.Linear)
+  gnnx.reparameterize(model, 'gmp', exclude=['a', 'blocks/0'])  # excluded: nothing to do
+
+
 def test_linen_users_never_import_nnx_subpackage():
   code = 'import sys, geoparam; assert "geoparam.nnx" not in sys.modules, sorted(sys.modules)'
   subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT)

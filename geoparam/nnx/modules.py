@@ -77,6 +77,18 @@ def _linen_init(init: Callable | None) -> Callable | None:
   return linen_init
 
 
+def _linen_fields(fields: dict[str, Any]) -> dict[str, Any]:
+  """Module fields with every initializer made linen-compatible and paddings hashable."""
+  out = {}
+  for key, value in fields.items():
+    if key.endswith('_init') and callable(value):
+      value = _linen_init(value)
+    elif key == 'padding' and isinstance(value, list):
+      value = tuple(tuple(p) if isinstance(p, list) else p for p in value)
+    out[key] = value
+  return out
+
+
 def _variable(vtype, leaf):
   """A linen leaf (maybe an nn.Partitioned box) as an NNX variable carrying its sharding names."""
   if isinstance(leaf, nn.Partitioned):
@@ -177,8 +189,7 @@ class _PaperDense(LinenBacked):
                use_running_average: bool | None = False, **fields):
     name = type(self).__name__
     _check_in_features(name, in_features)
-    fields = {k: _linen_init(v) if k.endswith('_init') and k != 'negative_slope_init' else v
-              for k, v in fields.items()}
+    fields = _linen_fields(fields)
     module = self._LINEN(features=out_features, **fields)
     self.in_features, self.out_features = in_features, out_features
     self.use_running_average = use_running_average
@@ -200,10 +211,7 @@ class _PaperConv(LinenBacked):
     _check_in_features(name, in_features)
     kernel_size = (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(
         kernel_size)
-    fields = {k: _linen_init(v) if k.endswith('_init') else v for k, v in fields.items()}
-    for key in ('padding',):
-      if isinstance(fields.get(key), list):
-        fields[key] = tuple(tuple(p) if isinstance(p, list) else p for p in fields[key])
+    fields = _linen_fields(fields)
     module = self._LINEN(features=out_features, kernel_size=kernel_size, strides=strides,
                          **fields)
     self.in_features, self.out_features, self.kernel_size = in_features, out_features, kernel_size
@@ -273,7 +281,7 @@ class _Features(LinenBacked):
   def __init__(self, num_features: int, *, rngs: nnx.Rngs | None = None,
                use_running_average: bool | None = False, **fields):
     _check_in_features(type(self).__name__, num_features)
-    module = self._LINEN(**fields)
+    module = self._LINEN(**_linen_fields(fields))
     self.num_features = num_features
     self.use_running_average = use_running_average
     stats = 'use_running_average' in module.__dataclass_fields__

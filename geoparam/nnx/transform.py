@@ -124,6 +124,27 @@ def _record(model, paths, example_args):
   return log
 
 
+def _paths_by_id(node, path=(), out=None, stack=()):
+  """`{id(module): [paths]}`: every path that reaches each module (shared modules have several)."""
+  out = {} if out is None else out
+  if id(node) in stack:
+    return out
+  if isinstance(node, nnx.Module):
+    out.setdefault(id(node), []).append(path)
+  if isinstance(node, nnx.List) or isinstance(node, (list, tuple)):
+    children = enumerate(node)
+  elif isinstance(node, dict):
+    children = node.items()
+  elif isinstance(node, nnx.Module):
+    children = ((k, v) for k, v in vars(node).items() if not k.startswith('_pytree__'))
+  else:
+    return out
+  for key, child in children:
+    if isinstance(child, (nnx.Module, list, tuple, dict)):
+      _paths_by_id(child, path + (key,), out, stack + (id(node),))
+  return out
+
+
 def _check_method(method):
   if method not in METHODS:
     raise ValueError(f'method must be one of {tuple(METHODS)}, got {method!r}.')
@@ -169,6 +190,13 @@ def reparameterize(model: nnx.Module, method: str, *example_args, where: Where |
             and _selected(n, p, where, exclude)}
   norms = {p: n for p, n in nodes if drop_batchnorm and isinstance(n, nnx.BatchNorm)
            and _selected(n, p, where, exclude)}
+  paths = _paths_by_id(model)
+  for path, node in {**layers, **norms}.items():
+    if len(paths.get(id(node), ())) > 1:
+      raise ValueError(
+          f'{type(node).__name__} at {_name(path)} is shared (also at '
+          f'{", ".join(_name(p) for p in paths[id(node)] if p != path)}): replacing it in one '
+          'place would leave the other plain; exclude it, or give each place its own layer.')
   if norms and not example_args:
     raise ValueError('drop_batchnorm=True needs an example batch (reparameterize(model, method, '
                      'x, ...)) to find the layer that feeds each BatchNorm.')
