@@ -117,7 +117,7 @@ def gmp_from_dense(kernel: jax.Array, bias: jax.Array) -> dict[str, jax.Array]:
 
 def gmp_variables(module: nn.Module, fan_in: int, features: int, *, param_dtype=jnp.float32,
                   theta_init: Initializer | None = None, lam_init: Initializer | None = None,
-                  scale_init: Initializer | None = None):
+                  scale_init: Initializer | None = None, sign_init: Initializer | None = None):
   """Creates `theta`, `lam`, `scale` (+ `sign` at fan-in 1) in `module`; returns `(u, lam, scale)`.
 
   `u` is the unit kernel `(fan_in, features)` in float32 at least; `lam`, `scale`
@@ -133,7 +133,7 @@ def gmp_variables(module: nn.Module, fan_in: int, features: int, *, param_dtype=
   scale = get('scale', lambda: scale_init or nn.initializers.ones, shape=(features,))
   sign = None
   if fan_in == 1:
-    sign = get('sign', initializers.rademacher, shape=(features,))
+    sign = get('sign', lambda: sign_init or initializers.rademacher(), shape=(features,))
   return gmp_kernel(theta, sign), lam, scale
 
 

@@ -244,7 +244,8 @@ def _gmp_inits(holder, cfg, layer, kernel_shape, dtype):
   box = _kernel_box(layer, kernel_shape, dtype)
   if cfg.initialization == 'paper':
     inits = (cfg.theta_init or initializers.sphere_uniform(),
-             cfg.lam_init or nn.initializers.zeros, cfg.scale_init or nn.initializers.ones)
+             cfg.lam_init or nn.initializers.zeros, cfg.scale_init or nn.initializers.ones,
+             initializers.rademacher())
   else:
     if any(i is not None for i in (cfg.theta_init, cfg.lam_init, cfg.scale_init)):
       raise ValueError("initialization='layer' takes the layer's own kernel_init/bias_init; "
@@ -253,8 +254,9 @@ def _gmp_inits(holder, cfg, layer, kernel_shape, dtype):
     gmp_params = lambda dtype: gmp_from_dense(*_layer_draw(layer, kernel_shape, dtype, key))
     inits = tuple(
         (lambda name: lambda _, shape, dtype=jnp.float32: gmp_params(dtype)[name])(name)
-        for name in ('theta', 'lam', 'scale'))
-  return (_boxed(box, inits[0], False), _boxed(box, inits[1], True), _boxed(box, inits[2], True))
+        for name in ('theta', 'lam', 'scale', 'sign'))  # sign: only at fan-in 1
+  return (_boxed(box, inits[0], False), _boxed(box, inits[1], True), _boxed(box, inits[2], True),
+          _boxed(box, inits[3], True))
 
 
 def _input_mean(holder, cfg, x, contract_axes, use_running_average):
@@ -299,11 +301,11 @@ def gmp_call(holder, cfg, layer, inputs, use_running_average=None):
       mean = _input_mean(holder, cfg, inputs, contract_axes(layer, inputs.ndim),
                          use_running_average)
   if holder.has_variable('params', 'theta'):
-    inits = (None,) * 3  # never called: the params exist
+    inits = (None,) * 4  # never called: the params exist
   else:
     inits = _gmp_inits(holder, cfg, layer, kernel_shape, dtype)
   u, lam, scale = gmp_variables(holder, fan_in, features, param_dtype=dtype, theta_init=inits[0],
-                                lam_init=inits[1], scale_init=inits[2])
+                                lam_init=inits[1], scale_init=inits[2], sign_init=inits[3])
   dtype = lam.dtype  # the stored params' dtype: the layer sees what its own params would be
   lam, scale = lam.astype(u.dtype), scale.astype(u.dtype)  # float32 at least until the cast
   if mean is not None:

@@ -287,3 +287,19 @@ def test_paper_form_field_checks():
   params = geoparam.GmPDense(4).init(jax.random.key(0), x)
   with pytest.raises(ValueError, match='fan_in'):
     geoparam.GmPDense(4).apply(params, jnp.ones((2, 5)))
+
+
+@pytest.mark.parametrize('fan_in', [1, 3])
+def test_layer_initialization_is_the_layers_own_draw_exactly(fan_in):
+  # At fan-in 1 the direction is the fixed `sign`: it must come from the draw too (it was
+  # drawn at random, flipping units of the layer's function). Fixed draws of both signs.
+  kernel = jnp.array([[0.5, -0.7, 1.2, -2.0, 0.3], [1.0, 2.0, -1.0, 0.1, 0.2],
+                      [-0.3, 0.4, 0.5, -0.6, 0.7]])[:fan_in]
+  dense = nn.Dense(5, kernel_init=lambda k, s, d=jnp.float32: kernel.astype(d),
+                   bias_init=lambda k, s, d=jnp.float32: jnp.linspace(-1.0, 1.0, 5, dtype=d))
+  x = jax.random.normal(jax.random.key(1), (6, fan_in))
+  wrapped = geoparam.GmP(dense, initialization='layer')
+  for seed in range(3):
+    key = jax.random.key(seed)
+    np.testing.assert_allclose(wrapped.apply(wrapped.init(key, x), x),
+                               dense.apply(dense.init(key, x), x), rtol=1e-5, atol=1e-6)
