@@ -165,3 +165,20 @@ def test_eager_gmp_dense_new_parameter_values_compile_nothing():
   other = jax.tree.map(lambda v: v + 0.25, variables)
   counts = _compiles_per_call(layer.apply, [(variables, x), (other, x), (variables, x + 1)])
   assert counts[1:] == [[], []], counts
+
+
+@pytest.mark.parametrize('name', ['GmPLinear+IMN', 'GmP(Conv)', 'LCW(Linear)'])
+def test_nnx_modules_eager_calls_compile_once(name):
+  from flax import nnx
+  import geoparam.nnx as gnnx
+  make = {
+      'GmPLinear+IMN': lambda: gnnx.GmPLinear(5, 4, input_mean_norm=True, rngs=nnx.Rngs(0)),
+      'GmP(Conv)': lambda: gnnx.GmP(nnx.Conv(3, 4, (3, 3), rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1)),
+      'LCW(Linear)': lambda: gnnx.LCW(nnx.Linear(5, 4, rngs=nnx.Rngs(0))),
+  }[name]
+  module = make()
+  shape = (2, 6, 6, 3) if 'Conv' in name else (3, 5)
+  xs = [(jax.random.normal(jax.random.key(i), shape),) for i in range(3)]
+  _assert_warm_calls_compile_nothing(module, xs)  # training mode: updates the running mean
+  module.eval()
+  _assert_warm_calls_compile_nothing(module, xs)

@@ -23,6 +23,7 @@ Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import functools
 import math
 import numbers
 from typing import Any
@@ -100,7 +101,7 @@ class LinenBacked(nnx.Module):
   """Base: a linen module (static attribute `linen_module`) run on variables held as NNX state.
 
   Subclasses call `_adopt(module, variables)` in `__init__` with the linen
-  variables; `_run(*args, **kwargs)` applies the module and writes the running
+  variables; `_run(*args)` applies the module and writes the running
   statistics back when `use_running_average` is False.
   """
 
@@ -130,24 +131,36 @@ class LinenBacked(nnx.Module):
     flat = {p: self._variable_at(p[1:])[...] for p in self.variable_paths}
     return traverse_util.unflatten_dict(flat)
 
-  def _run(self, *args, use_running_average: bool | None = None, **kwargs):
+  def _run(self, *args, use_running_average: bool | None = None):
     if not self.has_stats:
-      return self.linen_module.apply(self.linen_variables(), *args, **kwargs)
+      return _applier(self.linen_module, None)(self.linen_variables(), *args)
     if use_running_average is None:
       use_running_average = self.use_running_average
     if use_running_average is None:
       raise ValueError(f'{type(self).__name__}: use_running_average is None; set it, call '
                        'model.train()/model.eval(), or pass it to the call.')
     use_running_average = bool(use_running_average)
-    out = self.linen_module.apply(
-        self.linen_variables(), *args, use_running_average=use_running_average,
-        mutable=False if use_running_average else ['batch_stats'], **kwargs)
+    out = _applier(self.linen_module, use_running_average)(self.linen_variables(), *args)
     if use_running_average:
       return out
     out, updates = out
     for path, value in traverse_util.flatten_dict(dict(updates['batch_stats'])).items():
       self._variable_at(path)[...] = value
     return out
+
+
+@functools.lru_cache(maxsize=512)
+def _applier(module: nn.Module, use_running_average: bool | None):
+  """`module.apply` jitted once per (module, mode): eager NNX calls compile once per shape.
+
+  Inside `nnx.jit`/`jax.jit` the inner jit is inlined; it only spares eager
+  callers (notebooks, debugging) the linen bookkeeping on every call.
+  """
+  if use_running_average is None:
+    return jax.jit(module.apply)
+  mutable = False if use_running_average else ['batch_stats']
+  return jax.jit(functools.partial(module.apply, use_running_average=use_running_average,
+                                   mutable=mutable))
 
 
 def _init_variables(module: nn.Module, rngs: nnx.Rngs | None, example, **kwargs):
