@@ -18,6 +18,7 @@ evaluation-mode function). Several initialization seeds train together under
 `jax.vmap`; figures show seed 0.
 
   python -m experiments.banana_2d --data_dir=../shared/data --workdir=/tmp/banana
+  python -m experiments.banana_2d --download --workdir=/tmp/banana   # no data folder: fetch it
 
 Writes to `workdir`: `results.json` (test accuracy and max angle change per
 method, the paper's claims checked), `results.csv` (per seed), `results.md`,
@@ -43,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import download as download_lib
 from experiments import models
 from geoparam import analysis
 from geoparam import schedules
@@ -56,6 +58,8 @@ def define_flags():
   flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
   flags.DEFINE_string('data_dir', None,
                       'Folder holding banana.csv (default: $GEOPARAM_DATA_DIR).')
+  flags.DEFINE_bool('download', False, 'Fetch banana.csv from its public source into the cache '
+                    '($GEOPARAM_CACHE_DIR or ~/.cache/geoparam) when the data folder lacks it.')
   flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
   flags.DEFINE_integer('epochs', 5000, 'Maximum number of epochs (paper: 5000).')
   flags.DEFINE_integer('batch_size', 128, 'Minibatch size.')
@@ -77,15 +81,22 @@ def define_flags():
 BN_EPSILON = 1e-3  # experiments.models uses Keras' BatchNorm epsilon.
 
 
-def load_banana(data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """`(x (N, 2) float64, y (N,) in {0, 1})` from `banana.csv` (header At1,At2,Class; class +-1)."""
+def load_banana(data_dir: str | None = None, download: bool = False,
+                cache_dir: str | None = None, base_url: str | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """`(x (N, 2) float64, y (N,) in {0, 1})` from `banana.csv` (header At1,At2,Class; class +-1).
+
+  The file is read from `data_dir` (else `$GEOPARAM_DATA_DIR`); with `download=True` a missing
+  file is fetched once from its public source (or the mirror `base_url`) into the cache
+  (`experiments.download`).
+  """
   data_dir = data_dir or os.environ.get('GEOPARAM_DATA_DIR')
-  if not data_dir:
+  if not data_dir and not download:
     raise ValueError('no data directory: pass --data_dir (or data_dir=) or set GEOPARAM_DATA_DIR '
-                     'to the folder holding banana.csv.')
-  path = os.path.join(data_dir, 'banana.csv')
-  if not os.path.exists(path):
-    raise ValueError(f'{path} does not exist; --data_dir / GEOPARAM_DATA_DIR must hold banana.csv.')
+                     'to the folder holding banana.csv, or allow the download (--download, '
+                     'download=True).')
+  path = download_lib.find('banana.csv', data_dir, download, cache_dir, base_url,
+                           error=ValueError)
   table = np.loadtxt(path, delimiter=',', skiprows=1)
   if table.ndim != 2 or table.shape[1] != 3:
     raise ValueError(f'{path}: expected 3 columns At1,At2,Class, got shape {table.shape}.')
@@ -389,13 +400,14 @@ def run_study(workdir: str, methods, data_dir: str | None = None, epochs: int = 
               lr_gmp: float = 0.1, lr_others: float = 0.01, plateau_patience: int = 50,
               stop_patience: int = 100, num_points: int = 1000, hidden: int = 10,
               gmp_glorot_scale: bool = True, compare_rates: bool = True,
-              make_plots: bool = True) -> dict[str, Any]:
+              make_plots: bool = True, download: bool = False) -> dict[str, Any]:
   """Runs the study and writes its files; callable from notebooks and tests.
 
   Every method trains at its protocol rate (`lr_gmp` for GmP, `lr_others`
   otherwise: accuracy, Fig. 3 j-m); with `compare_rates` also at the other one,
   so that trajectories (a-h) and angle changes (i) compare all methods at both.
   float64 is enabled only inside this call (`jax.enable_x64`), not globally.
+  `download=True` fetches a missing banana.csv into the cache (`load_banana`).
   """
   methods = models.check_methods(methods)
   if min(epochs, batch_size, num_seeds, hidden) < 1:
@@ -404,7 +416,7 @@ def run_study(workdir: str, methods, data_dir: str | None = None, epochs: int = 
   if batch_size > num_points - num_points // 5:
     raise ValueError(f'batch_size={batch_size} exceeds the {num_points - num_points // 5} '
                      f'training points of num_points={num_points}.')
-  x_all, y_all = load_banana(data_dir)
+  x_all, y_all = load_banana(data_dir, download)
   rates = sorted({lr_gmp, lr_others}) if compare_rates else []
   with jax.enable_x64(float64):
     dtype = np.float64 if float64 else np.float32
@@ -493,9 +505,9 @@ def main(argv):
     raise app.UsageError('--workdir is required (a directory for results and figures).')
   try:
     models.check_methods(FLAGS.methods)
-    load_banana(FLAGS.data_dir)
+    load_banana(FLAGS.data_dir, FLAGS.download)
     _run_from_flags()
-  except ValueError as e:
+  except (ValueError, download_lib.DownloadError) as e:
     raise app.UsageError(str(e)) from e
 
 
@@ -505,7 +517,8 @@ def _run_from_flags():
             float64=FLAGS.float64, lr_gmp=FLAGS.lr_gmp, lr_others=FLAGS.lr_others,
             plateau_patience=FLAGS.plateau_patience, stop_patience=FLAGS.stop_patience,
             num_points=FLAGS.num_points, hidden=FLAGS.hidden,
-            gmp_glorot_scale=FLAGS.gmp_glorot_scale, compare_rates=FLAGS.compare_rates)
+            gmp_glorot_scale=FLAGS.gmp_glorot_scale, compare_rates=FLAGS.compare_rates,
+            download=FLAGS.download)
 
 
 if __name__ == '__main__':

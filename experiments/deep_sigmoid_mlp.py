@@ -70,6 +70,8 @@ def define_flags():
   flags.DEFINE_string('data_dir', None,
                       'Folder holding cifar10-jpeg.tar.gz (default: $GEOPARAM_DATA_DIR).')
   flags.DEFINE_string('cache_dir', None, 'Cache of the decoded archive (default ~/.cache/geoparam).')
+  flags.DEFINE_bool('download', False, 'No archive in --data_dir: fetch the official CIFAR-10 '
+                    'archive (170 MB) into the cache dir and decode it.')
   flags.DEFINE_list('methods', list(DEFAULT_METHODS), f'Methods, among {", ".join(METHODS)}.')
   flags.DEFINE_bool('full', False, 'The paper protocol: all images, 100 epochs (hours on CPU).')
   flags.DEFINE_integer('epochs', None, 'Epochs (default 5 reduced, 100 full).')
@@ -190,18 +192,26 @@ def resolve_data_dir(data_dir: str | None) -> str:
 
 
 def load_cifar(data_dir: str | None, train_examples: int = 0, test_examples: int = 0,
-               seed: int = 0, cache_dir: str | None = None) -> dict[str, np.ndarray]:
+               seed: int = 0, cache_dir: str | None = None, download: bool = False
+               ) -> dict[str, np.ndarray]:
   """CIFAR-10 from the JPEG archive as float32 `(n, 3072)` standardized images and labels.
 
-  `train_examples`/`test_examples`: a fixed random subset (0: all).
+  `train_examples`/`test_examples`: a fixed random subset (0: all). `download=True`: without
+  a data directory holding the archive, fetch the official CIFAR-10 archive into the cache
+  (`input_pipeline.load_jpeg_archive`).
   """
-  resolved = resolve_data_dir(data_dir)
-  try:
-    data, classes = input_pipeline.load_jpeg_archive(resolved, cache_dir)
-  except FileNotFoundError as e:
-    raise FileNotFoundError(
-        f'{input_pipeline.JPEG_ARCHIVE} not found in {resolved!r}: pass --data_dir=DIR (or set '
-        'GEOPARAM_DATA_DIR) to the folder that holds it.') from e
+  if download:
+    resolved = input_pipeline.resolve_data_dir(data_dir)
+    data, classes = input_pipeline.load_jpeg_archive(resolved, cache_dir, download=True)
+  else:
+    resolved = resolve_data_dir(data_dir)
+    try:
+      data, classes = input_pipeline.load_jpeg_archive(resolved, cache_dir)
+    except FileNotFoundError as e:
+      raise FileNotFoundError(
+          f'{input_pipeline.JPEG_ARCHIVE} not found in {resolved!r}: pass --data_dir=DIR (or set '
+          'GEOPARAM_DATA_DIR) to the folder that holds it, or --download to fetch the official '
+          'CIFAR-10 archive (170 MB) into the cache.') from e
   if 'test' not in data:
     raise ValueError(f'{input_pipeline.JPEG_ARCHIVE} has no test/ split; found {sorted(data)}.')
   mean, std = (np.asarray(v, np.float32) for v in input_pipeline.MEAN_STD['cifar'])
@@ -380,10 +390,11 @@ def run_study(workdir: str, methods: Sequence[str] = DEFAULT_METHODS, data_dir: 
               width: int | None = None, batch_size: int = 128, lr: float = 0.1,
               lr_decay: float = 0.95, min_lr: float = 0.001, momentum: float = 0.9,
               weight_decay: float = 1e-4, seed: int = 0, cache_dir: str | None = None,
-              make_plots: bool = True, log=print) -> dict[str, Any]:
+              make_plots: bool = True, log=print, download: bool = False) -> dict[str, Any]:
   """Runs the study (reduced default, or the paper protocol with `full=True`).
 
   Unset sizes come from `FULL` or `REDUCED`. Writes results.json and curves.png.
+  `download=True` fetches CIFAR-10 when no data directory holds it (`load_cifar`).
   """
   methods = check_methods(methods)
   cfg = dict(FULL if full else REDUCED)
@@ -396,7 +407,8 @@ def run_study(workdir: str, methods: Sequence[str] = DEFAULT_METHODS, data_dir: 
                      f'batch_size={batch_size}.')
   if cfg['train_examples'] < 0 or cfg['test_examples'] < 0:
     raise ValueError(f'train_examples and test_examples must be >= 0 (0 = all), got {cfg}.')
-  data = load_cifar(data_dir, cfg['train_examples'], cfg['test_examples'], seed, cache_dir)
+  data = load_cifar(data_dir, cfg['train_examples'], cfg['test_examples'], seed, cache_dir,
+                    download)
   os.makedirs(workdir, exist_ok=True)
   log(f'[deep_sigmoid_mlp] {len(data["y_train"])} train / {len(data["y_test"])} test images, '
       f'{cfg["depth"]} x {cfg["width"]} sigmoid, {cfg["epochs"]} epochs, methods '
@@ -453,7 +465,8 @@ def main(argv):
             train_examples=FLAGS.train_examples, test_examples=FLAGS.test_examples,
             depth=FLAGS.depth, width=FLAGS.width, batch_size=FLAGS.batch_size, lr=FLAGS.lr,
             lr_decay=FLAGS.lr_decay, min_lr=FLAGS.min_lr, momentum=FLAGS.momentum,
-            weight_decay=FLAGS.weight_decay, seed=FLAGS.seed, cache_dir=FLAGS.cache_dir)
+            weight_decay=FLAGS.weight_decay, seed=FLAGS.seed, cache_dir=FLAGS.cache_dir,
+            download=FLAGS.download)
 
 
 if __name__ == '__main__':

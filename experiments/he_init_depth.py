@@ -61,6 +61,8 @@ def define_flags():
   flags.DEFINE_string('data_dir', None, 'For --data=cifar10: folder holding cifar10-jpeg.tar.gz '
                       '(default: $GEOPARAM_DATA_DIR).')
   flags.DEFINE_string('cache_dir', None, 'Cache of the decoded archive (default ~/.cache/geoparam).')
+  flags.DEFINE_bool('download', False, 'For --data=cifar10 with no archive in --data_dir: fetch '
+                    'the official CIFAR-10 archive (170 MB) into the cache dir.')
   flags.DEFINE_integer('train_examples', 8192, 'Training examples (cifar10: 0 = all).')
   flags.DEFINE_integer('test_examples', 2048, 'Test examples (cifar10: 0 = all).')
   flags.DEFINE_integer('depth', 30, 'Hidden layers.')
@@ -143,14 +145,16 @@ def make_synthetic(train_examples: int, test_examples: int, seed: int, dim: int 
 
 
 def load_data(data: str, train_examples: int, test_examples: int, seed: int,
-              data_dir: str | None = None, cache_dir: str | None = None):
+              data_dir: str | None = None, cache_dir: str | None = None,
+              download: bool = False):
   if data not in DATASETS:
     raise ValueError(f'unknown data {data!r}; valid: {", ".join(DATASETS)}.')
   if data == 'synthetic':
     return make_synthetic(train_examples, test_examples, seed)
   from experiments import deep_sigmoid_mlp  # pylint: disable=g-import-not-at-top
 
-  return deep_sigmoid_mlp.load_cifar(data_dir, train_examples, test_examples, seed, cache_dir)
+  return deep_sigmoid_mlp.load_cifar(data_dir, train_examples, test_examples, seed, cache_dir,
+                                     download)
 
 
 def preactivation_std(model, variables, x) -> list[float]:
@@ -277,13 +281,16 @@ def run_study(workdir: str, activations: Sequence[str] = ACTIVATIONS,
               train_examples: int = 8192, test_examples: int = 2048, depth: int = 30,
               width: int = 256, epochs: int = 10, batch_size: int = 128, lr: float = 0.01,
               momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-              make_plots: bool = True, log=print) -> dict[str, Any]:
-  """Runs every (activation, init) pair; writes results.json and curves.png."""
+              make_plots: bool = True, log=print, download: bool = False) -> dict[str, Any]:
+  """Runs every (activation, init) pair; writes results.json and curves.png.
+
+  `download=True` (data='cifar10'): fetch CIFAR-10 when no data directory holds it.
+  """
   activations, inits = check_activations(activations), check_inits(inits)
   if depth < 1 or width < 1 or epochs < 1 or batch_size < 1:
     raise ValueError(f'depth, width, epochs and batch_size must be >= 1, got {depth}, {width}, '
                      f'{epochs}, {batch_size}.')
-  dataset = load_data(data, train_examples, test_examples, seed, data_dir, cache_dir)
+  dataset = load_data(data, train_examples, test_examples, seed, data_dir, cache_dir, download)
   os.makedirs(workdir, exist_ok=True)
   log(f'[he_init_depth] {data}: {len(dataset["y_train"])} train / {len(dataset["y_test"])} test, '
       f'{depth} x {width} hidden, {epochs} epochs')
@@ -338,7 +345,8 @@ def main(argv):
             cache_dir=FLAGS.cache_dir, train_examples=FLAGS.train_examples,
             test_examples=FLAGS.test_examples, depth=FLAGS.depth, width=FLAGS.width,
             epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, lr=FLAGS.lr,
-            momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay, seed=FLAGS.seed)
+            momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay, seed=FLAGS.seed,
+            download=FLAGS.download)
 
 
 if __name__ == '__main__':

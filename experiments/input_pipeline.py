@@ -6,7 +6,9 @@ Sources (`get_sources(config)`):
   (`train/<class>/NNNN.jpg`, `test/<class>/NNNN.jpg`) in `config.data_dir` or
   `$GEOPARAM_DATA_DIR`. It is decoded once (classes in sorted order, files in
   sorted order) into a `.npz` cache outside the repository
-  (`config.cache_dir`, `$GEOPARAM_CACHE_DIR` or `~/.cache/geoparam`).
+  (`config.cache_dir`, `$GEOPARAM_CACHE_DIR` or `~/.cache/geoparam`). With
+  `config.download=True` and no archive there, the official CIFAR-10 binary
+  archive is fetched into the cache and decoded instead (`load_jpeg_archive`).
 - `cifar10`, `cifar100`, `imagenet_resized/32x32`, `imagenet2012`: TFDS through
   `tfds.data_source` (ArrayRecord, random access, no TensorFlow needed).
   `tfds.load` would need TensorFlow for tf.data; random access also gives the
@@ -42,7 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from experiments import download as download_lib
+
 JPEG_ARCHIVE = 'cifar10-jpeg.tar.gz'
+CIFAR10_BINARY = 'cifar-10-binary.tar.gz'  # the official archive (experiments.download)
 TFDS_DATASETS = {
   # name: (train split, eval split, num_classes)
   'cifar10': ('train', 'test', 10),
@@ -144,31 +149,98 @@ def decode_jpeg_archive(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, li
   return out
 
 
-def load_jpeg_archive(data_dir: str | None, cache_dir: str | None = None):
-  """Loads (decoding once, then from the cache) the CIFAR-10 JPEG archive.
+def decode_cifar10_binary(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+  """Decodes the official CIFAR-10 binary archive (`cifar-10-binary.tar.gz`).
 
-  Returns split -> ArraySource and the class names.
+  Returns what `decode_jpeg_archive` returns: split -> (images `(n, 32, 32, 3)` uint8, labels
+  `(n,)` int32, class names). Each record of `data_batch_{1..5}.bin` (train) and `test_batch.bin` (test) is one label byte
+  and 3072 pixel bytes (1024 red, 1024 green, 1024 blue, rows of 32). Class names come from
+  `batches.meta.txt`; labels are renumbered so that classes are in sorted order, as in the JPEG
+  archive (CIFAR-10's own order already is).
   """
-  resolved = resolve_data_dir(data_dir)
-  path = os.path.join(resolved, JPEG_ARCHIVE) if resolved else None
-  if path is None or not os.path.isfile(path):
+  record = 1 + 32 * 32 * 3
+  parts: dict[str, list[tuple[str, np.ndarray]]] = {}
+  names = None
+  with tarfile.open(path, 'r:*') as tf:
+    for member in tf:
+      if not member.isfile():
+        continue
+      base = os.path.basename(member.name)
+      split = ('train' if base.startswith('data_batch_') and base.endswith('.bin')
+               else 'test' if base == 'test_batch.bin' else None)
+      if base == 'batches.meta.txt':
+        text = tf.extractfile(member).read().decode()
+        names = [n.strip() for n in text.splitlines() if n.strip()]
+      elif split:
+        raw = np.frombuffer(tf.extractfile(member).read(), np.uint8)
+        if raw.size % record:
+          raise ValueError(f'{path}: {member.name} has {raw.size} bytes, not a multiple of the '
+                           f'{record}-byte CIFAR-10 record.')
+        parts.setdefault(split, []).append((base, raw.reshape(-1, record)))
+  if 'train' not in parts or names is None:
+    raise ValueError(f'{path} is not the CIFAR-10 binary archive: found splits {sorted(parts)}, '
+                     f'batches.meta.txt {"present" if names else "missing"}.')
+  classes = sorted(names)
+  renumber = np.asarray([classes.index(n) for n in names], np.int32)
+  out = {}
+  for split, batches in parts.items():
+    rows = np.concatenate([r for _, r in sorted(batches, key=lambda t: t[0])])
+    if rows[:, 0].max() >= len(names):
+      raise ValueError(f'{path}: label {rows[:, 0].max()} but only {len(names)} class names.')
+    images = rows[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    out[split] = (np.ascontiguousarray(images), renumber[rows[:, 0]], classes)
+  return out
+
+
+def _find_cifar10(resolved: str | None, data_dir: str | None, cache_dir: str | None,
+                  download: bool, base_url: str | None):
+  """(archive path, decoder): the JPEG archive or the official binary one, local or fetched."""
+  for name, decode in ((JPEG_ARCHIVE, decode_jpeg_archive),
+                       (CIFAR10_BINARY, decode_cifar10_binary)):
+    if resolved and os.path.isfile(os.path.join(resolved, name)):
+      return os.path.join(resolved, name), decode
+  if not download:
     raise FileNotFoundError(
         f'dataset cifar10_jpeg: {JPEG_ARCHIVE} not found in data_dir={resolved!r} '
         f'(config.data_dir={data_dir!r}, $GEOPARAM_DATA_DIR='
         f'{os.environ.get("GEOPARAM_DATA_DIR")!r}). Pass --config.data_dir=DIR or set '
         f'GEOPARAM_DATA_DIR to the folder holding {JPEG_ARCHIVE} (on these machines '
         f'../shared/data from the project root); the archive holds train/<class>/*.jpg and '
-        f'test/<class>/*.jpg.')
+        f'test/<class>/*.jpg. Or allow the download (--config.download=True, download=True) of '
+        f'the official CIFAR-10 archive ({CIFAR10_BINARY}, 170 MB) into the cache.')
+  # A mirror of the data folder (base_url, $GEOPARAM_DATA_URL) serves our JPEG archive; the
+  # public source is the official binary archive. Either one fetched before is reused.
+  mirror = base_url or os.environ.get(download_lib.BASE_URL_ENV)
+  cached_jpeg = os.path.join(download_lib.cache_root(cache_dir), JPEG_ARCHIVE)
+  if mirror or os.path.isfile(cached_jpeg):
+    return (download_lib.find(JPEG_ARCHIVE, resolved, True, cache_dir, base_url),
+            decode_jpeg_archive)
+  return (download_lib.find(CIFAR10_BINARY, resolved, True, cache_dir, base_url),
+          decode_cifar10_binary)
+
+
+def load_jpeg_archive(data_dir: str | None, cache_dir: str | None = None,
+                      download: bool = False, base_url: str | None = None):
+  """Loads (decoding once, then from the cache) the CIFAR-10 JPEG archive.
+
+  Returns split -> ArraySource and the class names. The data directory may also hold the
+  official binary archive `cifar-10-binary.tar.gz` instead. With `download=True` and neither
+  there, the official archive is fetched into the cache (`experiments.download`; from the
+  mirror `base_url` / `$GEOPARAM_DATA_URL` the JPEG archive is fetched instead).
+  """
+  resolved = resolve_data_dir(data_dir)
+  path, decode = _find_cifar10(resolved, data_dir, cache_dir, download, base_url)
   st = os.stat(path)
   key = hashlib.sha1(f'{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}'.encode()).hexdigest()
-  cache = os.path.join(default_cache_dir(cache_dir), f'cifar10-jpeg-{key[:16]}.npz')
+  prefix = 'cifar10-jpeg' if decode is decode_jpeg_archive else 'cifar10-binary'
+  cache = os.path.join(default_cache_dir(cache_dir), f'{prefix}-{key[:16]}.npz')
   if os.path.isfile(cache):
     with np.load(cache) as z:
       classes = [str(c) for c in z['classes']]
       splits = sorted({k.rsplit('_', 1)[0] for k in z.files if k != 'classes'})
       data = {s: ArraySource(z[f'{s}_images'], z[f'{s}_labels']) for s in splits}
     return data, classes
-  decoded = decode_jpeg_archive(path)
+  decoded = decode(path)
   os.makedirs(os.path.dirname(cache), exist_ok=True)
   arrays = {'classes': np.asarray(decoded['train'][2])}
   for s, (images, labels, _) in decoded.items():
@@ -210,7 +282,8 @@ def get_sources(config) -> Sources:
   """The train and eval sources of `config.dataset`."""
   name = config.dataset
   if name == 'cifar10_jpeg':
-    data, classes = load_jpeg_archive(config.data_dir, config.get('cache_dir'))
+    data, classes = load_jpeg_archive(config.data_dir, config.get('cache_dir'),
+                                      config.get('download', False))
     if 'test' not in data:
       raise ValueError(f'{JPEG_ARCHIVE} has no test/ split; found {sorted(data)}.')
     train, test = data['train'], data['test']

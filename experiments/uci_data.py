@@ -5,6 +5,10 @@ spaces), any number of feature columns, the target in the last column, blank
 lines ignored. `load('yacht')` reads `<data_dir>/uci/yacht.txt`, where
 `data_dir` comes from the `--data_dir` flag of the experiment or, when not
 given, the environment variable `GEOPARAM_DATA_DIR` (the folder holding `uci/`).
+With `download=True` (the study's `--download`) a file of the six paper datasets
+missing there is fetched once from its public source into the cache
+(`experiments.download`: checksum verified, `$GEOPARAM_CACHE_DIR` or
+`~/.cache/geoparam`).
 
   from experiments import uci_data
   ds = uci_data.load('yacht', data_dir='../shared/data')   # ds.x (308, 6), ds.y (308,)
@@ -22,9 +26,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from experiments import download as download_lib
+
 __all__ = [
   'ENV_VAR',
   'PAPER_DATASETS',
+  'DOWNLOADABLE',
   'Dataset',
   'Splits',
   'uci_dir',
@@ -39,6 +46,8 @@ __all__ = [
 ENV_VAR = 'GEOPARAM_DATA_DIR'
 # The six benchmarks of paper 002, Table 3, in its column order.
 PAPER_DATASETS = ('boston', 'concrete', 'energy', 'power', 'wine', 'yacht')
+# Datasets that `download=True` can fetch.
+DOWNLOADABLE = tuple(sorted(p[4:-4] for p in download_lib.REMOTES if p.startswith('uci/')))
 
 
 def uci_dir(data_dir: str | None = None) -> str:
@@ -62,21 +71,38 @@ def uci_dir(data_dir: str | None = None) -> str:
          else 'that directory does not exist.'))
 
 
-def available(data_dir: str | None = None) -> tuple[str, ...]:
-  """Names of the datasets (`.txt` files without the suffix) in the UCI folder."""
-  folder = uci_dir(data_dir)
-  return tuple(sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(folder, '*.txt'))))
+def _local_dir(data_dir: str | None) -> str | None:
+  """`uci_dir(data_dir)`, or None where that raises (no data directory, no .txt files)."""
+  try:
+    return uci_dir(data_dir)
+  except ValueError:
+    return None
 
 
-def check_datasets(names, data_dir: str | None = None) -> tuple[str, ...]:
+def available(data_dir: str | None = None, download: bool = False) -> tuple[str, ...]:
+  """Names of the datasets (`.txt` files without the suffix) in the UCI folder.
+
+  With `download=True` also those that can be fetched (`DOWNLOADABLE`), and a missing data
+  directory is no error.
+  """
+  folder = _local_dir(data_dir) if download else uci_dir(data_dir)
+  local = {os.path.basename(p)[:-4] for p in glob.glob(os.path.join(folder, '*.txt'))
+           } if folder else set()
+  return tuple(sorted(local | set(DOWNLOADABLE if download else ())))
+
+
+def check_datasets(names, data_dir: str | None = None, download: bool = False
+                   ) -> tuple[str, ...]:
   """Returns the names as a tuple; unknown ones raise a ValueError listing the files found."""
   names = tuple(n.strip().lower() for n in names if n.strip())
-  found = available(data_dir)
+  found = available(data_dir, download)
   unknown = [n for n in names if n not in found]
   if unknown or not names:
+    where = (f'files in {uci_dir(data_dir)}' if not download
+             else f'files in {_local_dir(data_dir)} or downloadable')
     raise ValueError(
-        f'--datasets: unknown datasets {unknown or list(names)}; valid (files in '
-        f'{uci_dir(data_dir)}): {", ".join(found)}.')
+        f'--datasets: unknown datasets {unknown or list(names)}; valid ({where}): '
+        f'{", ".join(found)}.')
   return names
 
 
@@ -133,13 +159,26 @@ class Dataset(NamedTuple):
   last_line: int  # line number of the last data row (for error messages)
 
 
-def load(name: str, data_dir: str | None = None) -> Dataset:
-  """Features `(n, d)` and targets `(n,)` of `<uci dir>/<name>.txt`, float64."""
-  folder = uci_dir(data_dir)
-  path = os.path.join(folder, f'{name}.txt')
-  if not os.path.isfile(path):
-    raise ValueError(
-        f'--datasets: no file {name}.txt in {folder}; found: {", ".join(available(data_dir))}.')
+def load(name: str, data_dir: str | None = None, download: bool = False,
+         cache_dir: str | None = None, base_url: str | None = None) -> Dataset:
+  """Features `(n, d)` and targets `(n,)` of `<uci dir>/<name>.txt`, float64.
+
+  With `download=True` a file of `DOWNLOADABLE` missing from the data directory (or with no
+  data directory at all) is fetched into the cache, or read from there when fetched before;
+  `cache_dir` and `base_url` (a mirror laid out like the data directory) as in
+  `experiments.download.fetch`.
+  """
+  folder = _local_dir(data_dir) if download else uci_dir(data_dir)
+  path = os.path.join(folder, f'{name}.txt') if folder else None
+  if path is None or not os.path.isfile(path):
+    if download and name in DOWNLOADABLE:
+      path = download_lib.find(f'uci/{name}.txt', data_dir, True, cache_dir, base_url)
+    else:
+      raise ValueError(
+          f'--datasets: no file {name}.txt in {folder}; found: '
+          f'{", ".join(available(data_dir, download))}.'
+          + ('' if download or name not in DOWNLOADABLE else
+             ' Pass --download (download=True) to fetch it from its public source.'))
   x, y, last_line = parse(path)
   return Dataset(name, x, y, path, last_line)
 

@@ -27,6 +27,7 @@ skipped by `lax.cond`, and the scan runs in blocks of epochs inside a
       --workdir=workdir/uci_reference
   python -m experiments.uci_regression --data_dir=../shared/data --protocol=clean \
       --workdir=workdir/uci_clean
+  python -m experiments.uci_regression --download --datasets=yacht --workdir=/tmp/uci  # no data
 
 Writes to `workdir`: `results.json` (a list with one record per dataset, method
 and split: `dataset`, `method`, `split`, `rmse`, epochs run, ...) and `table.md`
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import download as download_lib
 from experiments import models
 from experiments import uci_data
 from geoparam import schedules
@@ -60,6 +62,8 @@ def define_flags():
   flags.DEFINE_string('data_dir', None,
                       f'Folder holding uci/ (default: the environment variable {uci_data.ENV_VAR}).')
   flags.DEFINE_list('datasets', list(uci_data.PAPER_DATASETS), 'UCI datasets (file names in uci/).')
+  flags.DEFINE_bool('download', False, 'Fetch missing UCI files of the six paper datasets from '
+                    'their public source into the cache ($GEOPARAM_CACHE_DIR, ~/.cache/geoparam).')
   flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
   flags.DEFINE_integer('num_splits', 10, 'Random 80/20 splits, trained together under vmap.')
   flags.DEFINE_integer('seed', 0, 'Seed of the splits and the initializations.')
@@ -309,28 +313,29 @@ def make_table(records: list[dict[str, Any]], datasets, methods, protocol: str) 
 def run_study(workdir: str, datasets=uci_data.PAPER_DATASETS, methods=('sp', 'wn', 'bn', 'gmp'),
               num_splits: int = 10, seed: int = 0, protocol: str = 'reference',
               max_epochs: int = 5000, data_dir: str | None = None, float64: bool = False,
-              hidden: int = HIDDEN) -> dict[str, Any]:
+              hidden: int = HIDDEN, download: bool = False) -> dict[str, Any]:
   """Runs the study, writes `results.json` and `table.md` to `workdir`; usable from notebooks.
 
-  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
+  float64 is enabled only inside this call (`jax.enable_x64`), not globally. `download=True`
+  fetches missing data files into the cache (`uci_data.load`).
   """
   check_protocol(protocol)
   methods = models.check_methods(methods)
-  datasets = uci_data.check_datasets(datasets, data_dir)
+  datasets = uci_data.check_datasets(datasets, data_dir, download)
   if max_epochs < 1 or num_splits < 1:
     raise ValueError(
         f'--max_epochs and --num_splits must be >= 1, got {max_epochs}, {num_splits}.')
   with jax.enable_x64(float64):
     return _run_study(workdir, datasets, methods, num_splits, seed, protocol, max_epochs,
-                      data_dir, float64, hidden)
+                      data_dir, float64, hidden, download)
 
 
 def _run_study(workdir, datasets, methods, num_splits, seed, protocol, max_epochs, data_dir,
-               float64, hidden):
+               float64, hidden, download=False):
   t_start, cpu_start = time.perf_counter(), time.process_time()
   dtype = np.float64 if float64 else np.float32
   # Load and split everything first, so bad files fail before any training.
-  data = {d: prepare(uci_data.load(d, data_dir), protocol, num_splits, seed, dtype)
+  data = {d: prepare(uci_data.load(d, data_dir, download), protocol, num_splits, seed, dtype)
           for d in datasets}
   keys = split_keys(seed, num_splits)
   records = []
@@ -352,7 +357,8 @@ def _run_study(workdir, datasets, methods, num_splits, seed, protocol, max_epoch
   wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
   table = make_table(records, datasets, methods, protocol)
   command = (f'python -m experiments.uci_regression '
-             f'--data_dir={data_dir or "$" + uci_data.ENV_VAR} --datasets={",".join(datasets)} '
+             f'--data_dir={data_dir or "$" + uci_data.ENV_VAR}{" --download" if download else ""} '
+             f'--datasets={",".join(datasets)} '
              f'--methods={",".join(methods)} --num_splits={num_splits} --seed={seed} '
              f'--protocol={protocol} --max_epochs={max_epochs} --float64={float64} '
              f'--workdir={workdir}')
@@ -384,12 +390,15 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e) if str(e).startswith('--') else f'--methods: {e}') from e
   try:
-    uci_data.check_datasets(FLAGS.datasets, FLAGS.data_dir)
+    uci_data.check_datasets(FLAGS.datasets, FLAGS.data_dir, FLAGS.download)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  run_study(FLAGS.workdir, FLAGS.datasets, FLAGS.methods, num_splits=FLAGS.num_splits,
-            seed=FLAGS.seed, protocol=FLAGS.protocol, max_epochs=FLAGS.max_epochs,
-            data_dir=FLAGS.data_dir, float64=FLAGS.float64)
+  try:
+    run_study(FLAGS.workdir, FLAGS.datasets, FLAGS.methods, num_splits=FLAGS.num_splits,
+              seed=FLAGS.seed, protocol=FLAGS.protocol, max_epochs=FLAGS.max_epochs,
+              data_dir=FLAGS.data_dir, float64=FLAGS.float64, download=FLAGS.download)
+  except download_lib.DownloadError as e:
+    raise app.UsageError(str(e)) from e
 
 
 if __name__ == '__main__':

@@ -42,6 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset = 'cifar10_jpeg'
   c.data_dir = config_dict.placeholder(str)  # None: $GEOPARAM_DATA_DIR
   c.cache_dir = config_dict.placeholder(str)  # None: $GEOPARAM_CACHE_DIR or ~/.cache/geoparam
+  c.download = False  # cifar10_jpeg: no archive in data_dir -> fetch the official one into cache
   c.train_examples = 0  # 0: all
   c.eval_examples = 0
   c.augment = 'flip'  # 'none', 'flip', 'flip_crop', 'imagenet'
