@@ -209,6 +209,9 @@ def fetch(path: str, cache_dir: str | None = None, base_url: str | None = None,
           f'{digest}, expected {remote.size} bytes with sha256 {remote.sha256} ({remote.source}). '
           f'The source may have changed or the transfer was corrupted; nothing was kept. '
           + _hint(path, dest))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
     os.replace(tmp, dest)  # atomic: readers see the old file or the complete, verified one
   except BaseException:
     if os.path.exists(tmp):

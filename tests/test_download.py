@@ -117,6 +117,9 @@ def test_fetch_verifies_and_caches(server, tmp_path, path):
   with open(got, 'rb') as f, open(os.path.join(DATA_DIR, path), 'rb') as g:
     assert f.read() == g.read()
   assert _files(download.cache_root(cache)) == [os.path.join(*path.split('/'))]  # no temp files
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(got).st_mode & 0o777 == 0o666 & ~umask  # readable like any file, not 0600
   n = len(requests)
   again = download.find(path, None, download=True, cache_dir=cache, base_url=f'{base}/data')
   assert again == got and len(requests) == n  # the cached copy, no second request
