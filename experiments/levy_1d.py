@@ -1,6 +1,6 @@
 r"""1-D Levy regression (paper 002, Sec. 3.5, Fig. 2): SP, WN, BN and GmP compared.
 
-Protocol (design.md and the paper's reference notebook): 50 noisy points
+Protocol (the paper and its reference notebook): 50 noisy points
 (sigma 0.1) of the Levy function on [-10, 10], test grid step 0.1; MLP with one
 hidden layer of 100 ReLU units; Adam, full batch, MAE loss; LR x0.1 when the
 training loss has not improved for 500 epochs (Keras ReduceLROnPlateau
@@ -8,7 +8,10 @@ semantics) and early stop after 1000 (restoring the best weights); lr 0.1 for
 GmP, 0.01 for the others; float64. Several initialization seeds run together
 under `jax.vmap` inside one jitted `lax.scan` over epochs.
 
-  python -m experiments.levy_1d --workdir=/tmp/levy --epochs=10000 --methods=sp,wn,bn,gmp
+  python -m experiments.main --config=experiments/configs/levy_1d.py --workdir=/tmp/levy
+
+(`python -m experiments.levy_1d --workdir=DIR [--config.x=...]` is the same command.) The
+training is `experiments.protocol.fit` (the Keras protocol shared by the small studies).
 
 Writes to `workdir`: `results.json` (method -> mean test RMSE, and details),
 `results.csv` (one row per method and seed), `predictions.png` (before and
@@ -28,38 +31,16 @@ import os
 import time
 from typing import Any
 
-from absl import app
-from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-import optax
 
 from experiments import models
+from experiments import protocol
+from experiments.configs import validate
 from geoparam import analysis
-from geoparam import schedules
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-  """Defines the CLI flags; called only when run as a script, so that importing several
-  studies in one process (tests, notebooks) does not define a flag twice."""
-  flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
-  flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
-  flags.DEFINE_integer('epochs', 10000, 'Maximum number of full-batch epochs (paper: 10000).')
-  flags.DEFINE_integer('seed', 0, 'Seed of the data draw and of the first initialization.')
-  flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
-  flags.DEFINE_bool('float64', True, 'Train in float64 as the paper does.')
-  flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
-  flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
-  flags.DEFINE_integer('plateau_patience', 500, 'Epochs without train-loss improvement before LR x0.1.')
-  flags.DEFINE_integer('stop_patience', 1000, 'Epochs without train-loss improvement before stopping.')
-  flags.DEFINE_bool('gmp_glorot_scale', True,
-                    'Start GmP scales at the Glorot norm as the reference code that made Fig. 2 '
-                    '(False: scale = 1 as the paper text says).')
-  flags.DEFINE_integer('hidden', 100, 'Hidden units.')
 
 
 NUM_POINTS = 50
@@ -112,68 +93,50 @@ def boundary_points(method: str, variables, x_train) -> jax.Array:
 
 
 def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int,
-          stop_patience: int, hidden: int, gmp_glorot_scale: bool, dtype) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped) in one jitted scan over epochs."""
+          stop_patience: int, hidden: int, gmp_glorot_scale: bool, dtype,
+          plateau_factor: float = 0.1) -> dict[str, Any]:
+  """Trains one method for every key in `keys` (vmapped) in one jitted scan over epochs.
+
+  `experiments.protocol.fit` with the train loss monitored (full batch: the
+  loss of the epoch's one step) and the hidden layer's characteristic points
+  recorded after every epoch.
+  """
   model = models.MLP(hidden=(hidden,), out=1, method=method, gmp_glorot_scale=gmp_glorot_scale,
                      param_dtype=dtype)
   x, y = jnp.asarray(data['x_train']), jnp.asarray(data['y_train'])
   x_test, y_test = jnp.asarray(data['x_test']), jnp.asarray(data['y_test'])
-  opt = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-  plateau = schedules.reduce_on_plateau(factor=0.1, patience=plateau_patience, mode='min')
-  stopper = schedules.early_stopping(patience=stop_patience, mode='min')
+  settings = protocol.Protocol(num_epochs=epochs, learning_rate=lr, monitor='loss', mode='min',
+                               plateau_factor=plateau_factor, plateau_patience=plateau_patience,
+                               stop_patience=stop_patience)
 
-  def predict(variables, inputs):
-    return model.apply(variables, inputs, train=False)
+  def mae(variables, batch, key):
+    del key
+    pred, updates = model.apply(variables, batch[0], train=True,
+                                mutable=[k for k in variables if k != 'params'])
+    return jnp.mean(jnp.abs(pred - batch[1])), updates
 
-  def loss_fn(params, others):
-    pred, updates = model.apply({'params': params, **others}, x, train=True,
-                                mutable=list(others))
-    return jnp.mean(jnp.abs(pred - y)), updates
+  def predict(variables):
+    return model.apply(variables, x_test, train=False)
 
-  def run(key):
-    variables = model.init(key, x, train=False)
-    params = variables['params']
-    others = {k: v for k, v in variables.items() if k != 'params'}
-    init_pred = predict(variables, x_test)
-    carry = dict(params=params, others=others, opt=opt.init(params), plateau=plateau.init(lr),
-                 stop=stopper.init(), best=(params, others))
-
-    def epoch(carry, _):
-      (loss, others), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          carry['params'], carry['others'])
-      # Flax keeps BN running statistics in float32; keep their dtype stable in the carry.
-      others = jax.tree.map(lambda n, o: n.astype(o.dtype), others, carry['others'])
-      updates, opt_state = opt.update(grads, carry['opt'], carry['params'])
-      params = optax.apply_updates(carry['params'], updates)
-      plateau_state = plateau.update(carry['plateau'], loss)
-      stop_state = stopper.update(carry['stop'], loss)
-      opt_state = schedules.set_learning_rate(opt_state, plateau_state.lr)
-      new = dict(params=params, others=others, opt=opt_state, plateau=plateau_state,
-                 stop=stop_state, best=schedules.keep_best(
-                     stop_state.improved, carry['best'], (params, others)))
-      active = ~carry['stop'].stop  # Keras: the epoch that triggers the stop still runs.
-      out = dict(loss=loss, lr=carry['plateau'].lr, active=active)
-      return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, carry), out
-
-    # Boundary points of every hidden unit after every epoch, recorded inside the scan.
-    layer = lambda c: hidden_layer(method, {'params': c['params'], **c['others']}, x)
-    carry, trace, track = analysis.scan_tracked(epoch, carry, length=epochs, layer=layer,
-                                                kind=method)
-    trace['max_dphi'] = jnp.where(trace['active'],
-                                  analysis.max_location_change(track.location), jnp.nan)
-    # restore_best_weights: Keras restores the best weights when it stops early.
-    final = jax.tree.map(lambda b, c: jnp.where(carry['stop'].stop, b, c),
-                         carry['best'], (carry['params'], carry['others']))
-    final_vars = {'params': final[0], **final[1]}
-    pred = predict(final_vars, x_test)
-    rmse = jnp.sqrt(jnp.mean((pred - y_test) ** 2))
-    return dict(rmse=rmse, init_pred=init_pred[:, 0], pred=pred[:, 0], trace=trace,
-                epochs_run=jnp.sum(trace['active']), final_lr=carry['plateau'].lr,
-                stopped=carry['stop'].stop, final_phi=boundary_points(method, final_vars, x),
-                locations=track.location[:, :, 0])
+  def finalize(initial, final, key):
+    del key
+    pred = predict(final)
+    return dict(init_pred=predict(initial)[:, 0], pred=pred[:, 0],
+                rmse=jnp.sqrt(jnp.mean((pred - y_test) ** 2)),
+                final_phi=boundary_points(method, final, x))
 
   t0 = time.perf_counter()
-  out = jax.jit(jax.vmap(run))(keys)
+  out = protocol.fit(
+      settings, init=lambda key: model.init(key, x, train=False), loss=mae,
+      batches=protocol.full_batch(x, y), members=keys, finalize=finalize,
+      hook=lambda variables, key: analysis.snapshot(hidden_layer(method, variables, x),
+                                                    method).location)
+  locations = out['track']  # (seeds, epochs + 1, hidden, 1)
+  trace = dict(out['logs'])
+  trace['max_dphi'] = jnp.where(trace['active'],
+                                jax.vmap(analysis.max_location_change)(locations), jnp.nan)
+  out = dict(out['final'], trace=trace, epochs_run=out['epochs_run'], final_lr=out['final_lr'],
+             stopped=out['stopped'], locations=locations[..., 0])
   out = jax.tree.map(np.asarray, out)
   out['seconds'] = time.perf_counter() - t0
   if not np.all(np.isfinite(out['rmse'])):
@@ -312,36 +275,33 @@ def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS):
   plt.close(fig)
 
 
-def run_study(workdir: str, methods, epochs: int = 10000, seed: int = 0, num_seeds: int = 5,
-              float64: bool = True, lr_gmp: float = 0.1, lr_others: float = 0.01,
-              plateau_patience: int = 500, stop_patience: int = 1000, hidden: int = 100,
-              gmp_glorot_scale: bool = True, make_plots: bool = True) -> dict[str, Any]:
-  """Runs the study and writes its files; callable from notebooks and tests.
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs the study of `config` (`experiments/configs/levy_1d.py`) and writes its files.
 
   float64 is enabled only inside this call (`jax.enable_x64`), not globally.
+  Returns `{'summary': what results.json holds, 'results': method -> arrays}`.
   """
-  methods = models.check_methods(methods)
-  if epochs < 1 or num_seeds < 1 or hidden < 1:
-    raise ValueError(f'epochs, num_seeds and hidden must be >= 1, got {epochs}, {num_seeds}, '
-                     f'{hidden}.')
-  with jax.enable_x64(float64):
-    return _run_study(workdir, methods, epochs, seed, num_seeds, float64, lr_gmp, lr_others,
-                      plateau_patience, stop_patience, hidden, gmp_glorot_scale, make_plots)
+  validate.check_config(config)
+  with jax.enable_x64(config.float64):
+    return _run(config, workdir)
 
 
-def _run_study(workdir, methods, epochs, seed, num_seeds, float64, lr_gmp, lr_others,
-               plateau_patience, stop_patience, hidden, gmp_glorot_scale, make_plots):
-  dtype = np.float64 if float64 else np.float32
+def _run(config, workdir):
+  dtype = np.float64 if config.float64 else np.float32
+  methods = models.check_methods(validate.split_names(config.methods))
+  num_seeds = config.num_seeds
   os.makedirs(workdir, exist_ok=True)
-  data = make_data(seed, dtype)
-  keys = jax.random.split(jax.random.key(seed), num_seeds)
+  data = make_data(config.seed, dtype)
+  keys = jax.random.split(jax.random.key(config.seed), num_seeds)
   results = {}
   t_start = time.perf_counter()
   for m in methods:
-    lr = learning_rate(m, lr_gmp, lr_others)
-    logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, num_seeds, epochs)
-    results[m] = train(m, data, keys, epochs, lr, plateau_patience, stop_patience, hidden,
-                       gmp_glorot_scale, dtype)
+    lr = learning_rate(m, config.lr_gmp, config.lr_others)
+    logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, num_seeds,
+                 config.num_epochs)
+    results[m] = train(m, data, keys, config.num_epochs, lr, config.plateau_patience,
+                       config.stop_patience, config.hidden, config.gmp_glorot_scale, dtype,
+                       plateau_factor=config.plateau_factor)
     print(f'[levy_1d] {m}: test RMSE {np.mean(results[m]["rmse"]):.4f} '
           f'({results[m]["seconds"]:.1f} s incl. compile)', flush=True)
   table = summarize(results)
@@ -361,10 +321,7 @@ def _run_study(workdir, methods, epochs, seed, num_seeds, float64, lr_gmp, lr_ot
                                     for t in spectrum_steps(r['epochs_run'][0])]}
                         for m, r in results.items()},
       'claims': check_claims(results),
-      'config': dict(methods=list(methods), epochs=epochs, seed=seed, num_seeds=num_seeds,
-                     float64=float64, lr_gmp=lr_gmp, lr_others=lr_others,
-                     plateau_patience=plateau_patience, stop_patience=stop_patience,
-                     hidden=hidden, gmp_glorot_scale=gmp_glorot_scale),
+      'config': config.to_dict(),
       'wall_seconds': time.perf_counter() - t_start,
   }
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
@@ -378,35 +335,36 @@ def _run_study(workdir, methods, epochs, seed, num_seeds, float64, lr_gmp, lr_ot
                          float(np.nanmax(r['trace']['max_dphi'][i]))])
   with open(os.path.join(workdir, 'results.md'), 'w') as f:
     f.write(table + '\n')
-  if make_plots:
+  if config.plots:
     plot(results, data, workdir)
     plot_spectra(results, data, workdir)
   print(table)
   for claim, verdict in summary['claims'].items():
     print(f'[levy_1d] paper claim: {claim}: {verdict}')
   print(f'[levy_1d] wrote results.json, results.csv, results.md'
-        f'{", predictions.png, boundary_change.png, location_spectra.png" if make_plots else ""} '
+        f'{", predictions.png, boundary_change.png, location_spectra.png" if config.plots else ""} '
         f'to {workdir} '
         f'in {summary["wall_seconds"]:.1f} s')
   return {'summary': summary, 'results': results}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS.workdir:
-    raise app.UsageError('--workdir is required (a directory for results and figures).')
-  try:
-    models.check_methods(FLAGS.methods)
-  except ValueError as e:
-    raise app.UsageError(f'--methods: {e}') from e
-  run_study(FLAGS.workdir, FLAGS.methods, epochs=FLAGS.epochs, seed=FLAGS.seed,
-            num_seeds=FLAGS.num_seeds, float64=FLAGS.float64, lr_gmp=FLAGS.lr_gmp,
-            lr_others=FLAGS.lr_others, plateau_patience=FLAGS.plateau_patience,
-            stop_patience=FLAGS.stop_patience, hidden=FLAGS.hidden,
-            gmp_glorot_scale=FLAGS.gmp_glorot_scale)
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'levy_1d.py')
+
+
+def run_study(workdir: str, methods, epochs: int = 10000, seed: int = 0, num_seeds: int = 5,
+              float64: bool = True, lr_gmp: float = 0.1, lr_others: float = 0.01,
+              plateau_patience: int = 500, stop_patience: int = 1000, hidden: int = 100,
+              gmp_glorot_scale: bool = True, make_plots: bool = True) -> dict[str, Any]:
+  """`run` with the config's fields as arguments (notebooks); `methods` a sequence of names."""
+  from experiments.configs import levy_1d as levy_config  # pylint: disable=g-import-not-at-top
+  config = levy_config.get_config()
+  config.update(methods=','.join(methods), num_epochs=epochs, seed=seed, num_seeds=num_seeds,
+                float64=float64, lr_gmp=lr_gmp, lr_others=lr_others,
+                plateau_patience=plateau_patience, stop_patience=stop_patience, hidden=hidden,
+                gmp_glorot_scale=gmp_glorot_scale, plots=make_plots)
+  return run(config, workdir)
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  from experiments import main as _main  # pylint: disable=g-import-not-at-top
+  _main.cli(CONFIG_FILE)

@@ -1,41 +1,165 @@
-r"""Runs `experiments.train.train_and_evaluate` from a config file and a workdir.
+r"""Runs a study from a config file and a workdir: `python -m experiments.main`.
+
+  python -m experiments.main --config=experiments/configs/levy_1d.py:smoke \
+      --workdir=/tmp/levy_smoke --config.num_seeds=2
 
   python -m experiments.main --config=experiments/configs/cifar10_cnn.py:smoke \
       --workdir=/tmp/cifar10_smoke
 
-Several hosts: the same command on every host plus `--coordinator_address`,
-`--num_processes` and `--process_id` (or `--distributed_auto` on TPU pods and
-clusters JAX detects itself).
+`config.study` names the study (`experiments.configs.validate.STUDIES`; the
+vision configs have no such field and run `experiments.train.train_and_evaluate`);
+each study module has a `run(config, workdir)`. Every field, the `--config.x=`
+overrides included, and the workdir are checked before any work
+(`experiments/configs/validate.py`): a bad setting is one line on stderr, exit
+status 2, and no workdir is created.
+
+Several hosts (vision studies): the same command on every host plus
+`--coordinator_address`, `--num_processes` and `--process_id` (or
+`--distributed_auto` on TPU pods and clusters JAX detects itself).
 """
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from experiments import sharding
-from experiments import train
+from experiments.configs import validate
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Config file (a get_config(arg) python file).',
                                 lock_config=True)
-flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the summary.')
+flags.DEFINE_string('workdir', None, 'Directory for results, metrics and checkpoints.')
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-host).')
 flags.DEFINE_integer('process_id', None, 'Index of this process (multi-host).')
 flags.DEFINE_bool('distributed_auto', False, 'jax.distributed.initialize() with auto-detection.')
-flags.mark_flags_as_required(['config', 'workdir'])
+
+# study -> (module, function taking (config, workdir)).
+STUDY_RUNNERS = {
+  'train': ('experiments.train', 'train_and_evaluate'),
+  'levy_1d': ('experiments.levy_1d', 'run'),
+}
+EXIT_BAD_SETTING = 2
+
+
+def _config_argument(argv) -> str | None:
+  """The last `--config=VALUE` (or `--config VALUE`) of `argv`."""
+  value = None
+  for i, arg in enumerate(argv):
+    m = re.match(r'^--?config(=(.*))?$', arg)
+    if m:
+      value = m.group(2) if m.group(1) else (argv[i + 1] if i + 1 < len(argv) else None)
+  return value
+
+
+def _overrides(argv) -> list[str]:
+  """Top-level field names of the `--config.x=` overrides in `argv`."""
+  return [m.group(2) for m in (re.match(r'^--?(no)?config\.([^=.]+)', a) for a in argv) if m]
+
+
+def _load_config(value: str):
+  """`get_config(arg)` of `--config=PATH[:arg]`, as ml_collections would call it."""
+  path, colon, arg = value.partition(':')
+  spec = importlib.util.spec_from_file_location('_checked_config', path)
+  if spec is None or not os.path.isfile(path):
+    raise OSError(f'no config file {path!r}')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if colon else module.get_config()
+
+
+def _one_line(error: BaseException) -> str:
+  """The message of `error` on one line (the last line of a wrapped traceback)."""
+  lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+  return lines[-1] if lines else type(error).__name__
+
+
+def _diagnose(argv, error: BaseException) -> str:
+  """One line for a failure while parsing the flags (config file, overrides, types)."""
+  path = _config_argument(argv)
+  if path:
+    try:
+      fields = list(_load_config(path).keys())
+    except Exception as e:  # pylint: disable=broad-except
+      return f'--config={path}: {_one_line(e)}'
+    for name in _overrides(argv):
+      if name not in fields:
+        return validate.unknown_field_message(name, fields)
+  message = _one_line(error)
+  return message[len('flag '):] if message.startswith('flag --') else message
+
+
+def parse_flags(argv):
+  """Parses the flags and checks the config and workdir; exits 2 with one line if refused."""
+  prog = os.path.basename(argv[0]) if argv else 'experiments.main'
+  if prog in ('main.py', '__main__.py', '-m'):
+    prog = 'experiments.main'
+  try:
+    try:
+      rest = FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+      raise validate.ConfigError(_diagnose(argv, e)) from None
+    if len(rest) > 1:
+      raise validate.ConfigError(f'unexpected arguments {rest[1:]}; settings are --config.x=...')
+    if FLAGS.config is None:
+      raise validate.ConfigError('--config: a config file is required, e.g. '
+                                 '--config=experiments/configs/levy_1d.py:smoke')
+    try:
+      fields = list(FLAGS.config.keys())
+    except OSError as e:
+      raise validate.ConfigError(
+          f'--config={_config_argument(argv)}: cannot read the config file ({_one_line(e)})'
+      ) from None
+    del fields
+    validate.check_config(FLAGS.config)
+    validate.check_workdir(FLAGS.workdir, FLAGS.config.get('study', 'train'))
+  except validate.ConfigError as e:
+    print(f'{prog}: {e}', file=sys.stderr)
+    sys.exit(EXIT_BAD_SETTING)
+  return rest
+
+
+def write_config(config, workdir: str) -> None:
+  """`workdir/config.json` (what marks a workdir as ours, see `validate.check_workdir`)."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, validate.MARKER), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def run(config, workdir: str):
+  """Runs `config.study` in `workdir` (the config already checked)."""
+  study = config.get('study', 'train')
+  module, function = STUDY_RUNNERS[study]
+  if study == 'train':
+    from experiments import sharding  # pylint: disable=g-import-not-at-top
+    sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                    FLAGS.process_id, auto=FLAGS.distributed_auto)
+  else:
+    write_config(config, workdir)
+  return getattr(importlib.import_module(module), function)(config, workdir)
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Too many command-line arguments: {argv[1:]}')
+  del argv  # checked in parse_flags
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                  FLAGS.process_id, auto=FLAGS.distributed_auto)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  run(FLAGS.config, FLAGS.workdir)
+
+
+def cli(config_path: str | None = None):
+  """The command line; `config_path` is put before the arguments (study-module shims)."""
+  if config_path is not None:
+    sys.argv[1:1] = [f'--config={config_path}']
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli()

@@ -10,7 +10,7 @@ import geoparam
 
 MODULES = sorted(
     ['geoparam'] + [m.name for m in pkgutil.walk_packages(geoparam.__path__, 'geoparam.')]
-    + ['experiments.vision_models'])
+    + ['experiments.vision_models', 'experiments.protocol', 'experiments.configs.validate'])
 
 
 def test_every_subpackage_is_collected():

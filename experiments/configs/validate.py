@@ -1,0 +1,379 @@
+"""Checks a study config and its workdir before any work: one table of field rules.
+
+`experiments.main` calls `check_config(config, workdir)` right after reading the
+config (and the `--config.x=` overrides) and before it creates the workdir or
+imports anything heavy; a bad setting raises `ConfigError` with a one-line
+message naming the field, the value and what is accepted. Every field of every
+config needs a rule in `RULES` (exact name first, then the first matching
+`fnmatch` pattern), so a new field cannot go unchecked:
+
+  >>> import ml_collections
+  >>> c = ml_collections.ConfigDict(dict(learning_rate=0.1, num_epochs=0))
+  >>> check_config(c)
+  Traceback (most recent call last):
+    ...
+  experiments.configs.validate.ConfigError: --config.num_epochs=0: must be an int >= 1.
+  >>> closest('num_epoch', ['num_epochs', 'seed'])
+  'num_epochs'
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# Studies `experiments.main` dispatches to (`config.study`; vision configs have no such field).
+STUDIES = ('train', 'levy_1d')
+OPTIMIZERS = ('sgd', 'adam')
+LR_SCHEDULES = ('plateau', 'decay', 'constant')
+AUGMENTS = ('none', 'flip', 'flip_crop', 'imagenet')
+MONITORS = ('eval_loss', 'eval_top1', 'eval_top5', 'train_loss', 'train_top1', 'train_top5')
+MODES = ('min', 'max')
+
+
+class ConfigError(ValueError):
+  """A setting `experiments.main` refuses; `str(error)` is the one-line message."""
+
+
+# ---------------------------------------------------------------------------
+# Checks: `check(value, config) -> None`, raising `_Bad(what is accepted)`.
+
+
+class _Bad(Exception):
+  pass
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def integer(low: int, high: float = math.inf) -> Callable:
+  """An int in `[low, high]`."""
+  def check(v, config):
+    del config
+    if not (_is_int(v) and low <= v <= high):
+      raise _Bad(f'must be an int >= {low}' + (f' and <= {high}' if high < math.inf else ''))
+  return check
+
+
+def real(low: float, high: float = math.inf, *, open_low: bool = False,
+         open_high: bool = False) -> Callable:
+  """A finite real number in the interval `[low, high]` (ends open where asked)."""
+  lo, hi = '(' if open_low else '[', ')' if open_high else ']'
+  accepted = (f'a finite number in {lo}{low}, {high}{hi}' if high < math.inf else
+              f'a finite number {">" if open_low else ">="} {low}')
+
+  def check(v, config):
+    del config
+    ok = (_is_real(v) and math.isfinite(v) and (v > low if open_low else v >= low)
+          and (v < high if open_high else v <= high))
+    if not ok:
+      raise _Bad(f'must be {accepted}')
+  return check
+
+
+POSITIVE_REAL = real(0.0, open_low=True)  # learning rates, widths
+FRACTION = real(0.0, 1.0, open_low=True, open_high=True)
+COUNT = integer(0)  # patience, cooldown, example counts (0: all)
+AT_LEAST_ONE = integer(1)  # epochs, batch sizes, widths in units
+
+
+def boolean(v, config):
+  del config
+  if not isinstance(v, bool):
+    raise _Bad('must be True or False')
+
+
+def optional_str(v, config):
+  del config
+  if v is not None and not isinstance(v, str):
+    raise _Bad('must be a string (a path) or None')
+
+
+def choice(names: Sequence[str] | Callable[[Any], Sequence[str]]) -> Callable:
+  """One of `names` (or of `names(config)` when the accepted names depend on other fields)."""
+  def check(v, config):
+    accepted = names(config) if callable(names) else names
+    if v not in accepted:
+      raise _Bad(f'must be one of {", ".join(accepted)}' + _did_you_mean(v, accepted))
+  return check
+
+
+def split_names(v) -> tuple[str, ...]:
+  """`'sp, gmp'` or `('sp', 'gmp')` -> `('sp', 'gmp')`."""
+  items = v.split(',') if isinstance(v, str) else v if isinstance(v, (tuple, list)) else ()
+  return tuple(str(m).strip() for m in items if str(m).strip())
+
+
+def names_list(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable:
+  """Distinct names from `names`, comma-separated (`--config.methods=sp,gmp`) or a tuple."""
+  def check(v, config):
+    del config
+    accepted = names() if callable(names) else names
+    items = split_names(v)
+    bad = [m for m in items if m not in accepted]
+    if not items or bad or len(set(items)) != len(items):
+      hint = _did_you_mean(bad[0], accepted) if bad else ''
+      raise _Bad(f'must be distinct comma-separated names among {", ".join(accepted)}' + hint)
+  return check
+
+
+def int_tuple(low: int, length: int | None = None) -> Callable:
+  """A tuple of ints >= `low` (of `length` entries where given)."""
+  def check(v, config):
+    del config
+    ok = (isinstance(v, (tuple, list)) and len(v) >= 1 and (length is None or len(v) == length)
+          and all(_is_int(s) and s >= low for s in v))
+    if not ok:
+      n = f'{length} ' if length else ''
+      raise _Bad(f'must be a tuple of {n}ints >= {low}')
+  return check
+
+
+def resize_range(v, config):
+  int_tuple(1, 2)(v, config)
+  if v[0] > v[1]:
+    raise _Bad('must be (low, high) with low <= high')
+
+
+def mesh_shape(v, config):
+  del config
+  ok = (isinstance(v, (tuple, list)) and len(v) in (1, 2) and
+        all(_is_int(s) and (s == -1 or s >= 1) for s in v) and list(v).count(-1) <= 1)
+  if not ok:
+    raise _Bad('must be (data,) or (data, model), entries >= 1 and at most one -1')
+
+
+def layer_spec(v, config):
+  """Conv widths (ints >= 1) and 'M' (2x2 max pool): `--config.layers="(16,'M',32)"`."""
+  del config
+  ok = isinstance(v, (tuple, list)) and any(_is_int(s) for s in v) and all(
+      (_is_int(s) and s >= 1) or s == 'M' for s in v)
+  if not ok:
+    raise _Bad("must be a tuple of conv widths (ints >= 1) and 'M' (max pool), with at least "
+               "one width, e.g. \"(16,'M',32)\"")
+
+
+def str_tuple(v, config):
+  del config
+  if not (isinstance(v, (tuple, list)) and all(isinstance(s, str) and s for s in v)):
+    raise _Bad('must be a tuple of names')
+
+
+# Accepted names that live in modules importing JAX/flax: looked up only when needed.
+
+def _methods(config=None) -> Sequence[str]:
+  from experiments import models  # pylint: disable=g-import-not-at-top
+  return models.METHODS
+
+
+def _vision_methods(config) -> Sequence[str]:
+  from experiments import vision_models  # pylint: disable=g-import-not-at-top
+  model = config.get('model', 'cnn')
+  if model in ('resnet50', 'resnet'):
+    return vision_models.RESNET_PARAMETERIZATIONS
+  if model in ('vgg19', 'preact_resnet18'):
+    return vision_models.CIFAR_PARAMETERIZATIONS
+  return _methods()
+
+
+def _models(config=None) -> Sequence[str]:
+  from experiments import vision_models  # pylint: disable=g-import-not-at-top
+  return vision_models.MODELS
+
+
+def _datasets(config=None) -> Sequence[str]:
+  from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
+  return input_pipeline.DATASETS
+
+
+# Field name (or fnmatch pattern, tried in order after the exact names) -> check.
+RULES: dict[str, Callable] = {
+  # Which study, data.
+  'study': choice(STUDIES),
+  'dataset': choice(_datasets),
+  'data_dir': optional_str,
+  'cache_dir': optional_str,
+  'download': boolean,
+  'train_examples': COUNT,
+  'eval_examples': COUNT,
+  'augment': choice(AUGMENTS),
+  'image_size': AT_LEAST_ONE,
+  'resize_range': resize_range,
+  'eval_resize': AT_LEAST_ONE,
+  'num_workers': AT_LEAST_ONE,
+  'prefetch': AT_LEAST_ONE,
+  # Model.
+  'model': choice(_models),
+  'layers': layer_spec,
+  'method': choice(_vision_methods),
+  'methods': names_list(_methods),
+  'hidden': AT_LEAST_ONE,
+  'width': POSITIVE_REAL,
+  'stage_sizes': int_tuple(1),
+  'dropout_rate': real(0.0, 1.0, open_high=True),
+  'bn_momentum': FRACTION,
+  'gmp_glorot_scale': boolean,
+  # Optimizer and the Keras protocol.
+  'optimizer': choice(OPTIMIZERS),
+  'learning_rate': POSITIVE_REAL,
+  'momentum': real(0.0, 1.0, open_high=True),
+  'nesterov': boolean,
+  'weight_decay': real(0.0),
+  'decay_names': str_tuple,
+  'lr_schedule': choice(LR_SCHEDULES),
+  'monitor': choice(MONITORS),
+  'monitor_mode': choice(MODES),
+  'plateau_factor': FRACTION,
+  'plateau_min_delta': real(0.0),
+  'decay_factor': real(0.0, 1.0, open_low=True),
+  'min_lr': real(0.0),
+  'stop_min_delta': real(0.0),
+  'restore_best': boolean,
+  # Loop.
+  'num_epochs': AT_LEAST_ONE,
+  'batch_size': AT_LEAST_ONE,
+  'eval_batch_size': AT_LEAST_ONE,
+  'seed': COUNT,
+  'num_seeds': AT_LEAST_ONE,
+  'float64': boolean,
+  'plots': boolean,
+  'mesh_shape': mesh_shape,
+  'log_every': AT_LEAST_ONE,
+  # Patterns.
+  'lr_*': POSITIVE_REAL,
+  '*_patience': COUNT,
+  '*_cooldown': COUNT,
+  '*_fraction': FRACTION,
+}
+
+
+def rule(name: str) -> Callable | None:
+  """The check of field `name`: its exact entry in `RULES`, else the first matching pattern."""
+  if name in RULES:
+    return RULES[name]
+  for pattern, check in RULES.items():
+    if any(ch in pattern for ch in '*?[') and fnmatch.fnmatchcase(name, pattern):
+      return check
+  return None
+
+
+def closest(name: str, valid: Sequence[str]) -> str | None:
+  """The valid name closest to `name` (difflib), or None when nothing is close."""
+  match = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
+  return match[0] if match else None
+
+
+def _did_you_mean(name, valid) -> str:
+  near = closest(str(name), [str(v) for v in valid]) if isinstance(name, str) else None
+  return f' (did you mean {near!r}?)' if near else ''
+
+
+def _show(value) -> str:
+  return str(value).replace('\n', ' ') if not isinstance(value, str) else value
+
+
+def unknown_field_message(name: str, valid: Sequence[str]) -> str:
+  """`--config.foo`: the one-line message, with the closest valid field(s)."""
+  near = closest(name, valid)
+  if near:
+    return f'--config.{name}: unknown config field; did you mean {near!r}?'
+  nearest = difflib.get_close_matches(name, list(valid), n=3, cutoff=0.0)
+  return (f'--config.{name}: unknown config field; none is close, the nearest of the '
+          f'{len(valid)} fields are {", ".join(map(repr, nearest))}')
+
+
+def check_config(config) -> None:
+  """Raises `ConfigError` (one line) for the first field that breaks its rule.
+
+  Args:
+    config: a flat `ml_collections.ConfigDict` (or a mapping) of a study config.
+
+  Raises:
+    ConfigError: a field has no rule, or its value breaks it (lists what is accepted).
+  """
+  for name in config:
+    value = config[name]
+    check = rule(name)
+    if check is None:
+      raise ConfigError(f'--config.{name}: no validation rule for this field; add one to '
+                        'experiments/configs/validate.py RULES')
+    try:
+      check(value, config)
+    except _Bad as e:
+      raise ConfigError(f'--config.{name}={_show(value)}: {e}.') from None
+
+
+# ---------------------------------------------------------------------------
+# The workdir.
+
+MARKER = 'config.json'  # what every run of experiments.main writes first
+
+
+def check_workdir(workdir: str, study: str) -> None:
+  """Refuses a workdir that cannot be written or that holds something not ours.
+
+  Ours: absent, empty, or holding the `config.json` of a run of the same study
+  (the vision trainer resumes from it). Nothing is created here.
+
+  Raises:
+    ConfigError: one line saying what is wrong with `workdir`.
+  """
+  if not workdir:
+    raise ConfigError('--workdir: a directory is required.')
+  path = os.path.abspath(os.path.expanduser(workdir))
+  if os.path.exists(path):
+    if not os.path.isdir(path):
+      raise ConfigError(f'--workdir={workdir}: exists and is not a directory.')
+    if not _can_write_in(path):
+      raise ConfigError(f'--workdir={workdir}: not writable.')
+    entries = os.listdir(path)
+    if not entries:
+      return
+    marker = os.path.join(path, MARKER)
+    if not os.path.isfile(marker):
+      raise ConfigError(
+          f'--workdir={workdir}: not empty and not a workdir of experiments.main (no {MARKER}; '
+          f'holds {", ".join(sorted(entries)[:3])}{", ..." if len(entries) > 3 else ""}); '
+          'pick a new or empty directory.')
+    try:
+      with open(marker) as f:
+        previous = json.load(f).get('study', 'train')
+    except (OSError, ValueError, AttributeError):
+      raise ConfigError(f'--workdir={workdir}: {MARKER} is unreadable; pick a new or empty '
+                        'directory.') from None
+    if previous != study:
+      raise ConfigError(f'--workdir={workdir}: holds a run of study {previous!r}, not '
+                        f'{study!r}; pick a new or empty directory.')
+    return
+  parent = os.path.dirname(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f'--workdir={workdir}: {parent} is not a directory.')
+  if not _can_write_in(parent):
+    raise ConfigError(f'--workdir={workdir}: cannot be created ({parent} is not writable).')
+
+
+def _can_write_in(directory: str) -> bool:
+  """Whether a file can be made in `directory` (a probe file, removed at once; root included)."""
+  if not os.access(directory, os.W_OK | os.X_OK):
+    return False
+  try:
+    fd, probe = tempfile.mkstemp(prefix='.geoparam_probe_', dir=directory)
+  except OSError:
+    return False
+  os.close(fd)
+  os.remove(probe)
+  return True

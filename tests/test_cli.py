@@ -1,0 +1,149 @@
+"""`python -m experiments.main` refuses bad settings before any work: one line on stderr, exit 2,
+no traceback or usage text, and no workdir created; every config field has a validation rule."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import main as main_lib
+from experiments.configs import validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEVY = '--config=experiments/configs/levy_1d.py:smoke'
+CNN = '--config=experiments/configs/cifar10_cnn.py:smoke'
+
+# (arguments, what the one line says).
+BAD_SETTINGS = [
+  # Learning rates finite and > 0.
+  ([LEVY, '--config.lr_gmp=-0.1'], '--config.lr_gmp=-0.1: must be a finite number > 0.0.'),
+  ([LEVY, '--config.lr_gmp=nan'], '--config.lr_gmp=nan: must be a finite number > 0.0.'),
+  ([LEVY, '--config.lr_others=inf'], '--config.lr_others=inf: must be a finite number > 0.0.'),
+  ([CNN, '--config.learning_rate=-0.1'], '--config.learning_rate=-0.1: must be a finite number'),
+  # Epochs, batch sizes, counts.
+  ([CNN, '--config.num_epochs=-1'], '--config.num_epochs=-1: must be an int >= 1.'),
+  ([LEVY, '--config.num_epochs=0'], '--config.num_epochs=0: must be an int >= 1.'),
+  ([CNN, '--config.batch_size=0'], '--config.batch_size=0: must be an int >= 1.'),
+  ([CNN, '--config.batch_size=1.5'], "--config.batch_size=1.5: invalid literal for int()"),
+  ([LEVY, '--config.num_seeds=0'], '--config.num_seeds=0: must be an int >= 1.'),
+  ([LEVY, '--config.hidden=0'], '--config.hidden=0: must be an int >= 1.'),
+  # Patience: an int >= 0.
+  ([LEVY, '--config.plateau_patience=-1'], '--config.plateau_patience=-1: must be an int >= 0.'),
+  ([CNN, '--config.stop_patience=-5'], '--config.stop_patience=-5: must be an int >= 0.'),
+  # Fractions in (0, 1).
+  ([LEVY, '--config.plateau_factor=1.0'],
+   '--config.plateau_factor=1.0: must be a finite number in (0.0, 1.0).'),
+  ([CNN, '--config.bn_momentum=0'], '--config.bn_momentum=0.0: must be a finite number in (0.0'),
+  # Names from their lists.
+  ([LEVY, '--config.methods=sp,foo'], 'must be distinct comma-separated names among sp, wn'),
+  ([LEVY, '--config.methods=sp,gmpp'], "(did you mean 'gmp'?)"),
+  ([LEVY, '--config.methods=sp,sp'], '--config.methods=sp,sp: must be distinct'),
+  ([CNN, '--config.method=gmpp'], "--config.method=gmpp: must be one of sp, wn, wn_mbn, bn, "
+                                  "gmp, gmp_imn (did you mean 'gmp'?)."),
+  ([CNN, '--config.dataset=cifar11'], "(did you mean 'cifar10'?)"),
+  ([CNN, '--config.model=resnet51'], "--config.model=resnet51: must be one of cnn, vgg6"),
+  ([CNN, '--config.optimizer=adamw'], "--config.optimizer=adamw: must be one of sgd, adam"),
+  ([CNN, '--config.monitor=eval_acc'], '--config.monitor=eval_acc: must be one of eval_loss'),
+  (['--config=experiments/configs/cifar10_cnn.py:method=foo'],
+   "--config.method=foo: must be one of sp, wn"),
+  # Layer specs.
+  ([CNN, "--config.layers=(16,'X')"], "--config.layers=(16, 'X'): must be a tuple of conv "
+                                      "widths (ints >= 1) and 'M'"),
+  ([CNN, '--config.layers=(16,0)'], '--config.layers=(16, 0): must be a tuple of conv widths'),
+  # Unknown fields, with the closest valid name.
+  ([CNN, '--config.foo=1'], '--config.foo: unknown config field; none is close, the nearest'),
+  ([LEVY, '--config.epochs=5'], "--config.epochs: unknown config field; did you mean "
+                                "'num_epochs'?"),
+  ([CNN, '--config.learning_rat=0.1'], "did you mean 'learning_rate'?"),
+  # The config file and its argument.
+  (['--config=experiments/configs/nope.py'], '--config=experiments/configs/nope.py: cannot read'),
+  (['--config=experiments/configs/levy_1d.py:bogus'], "unknown config argument 'bogus'"),
+  ([LEVY, 'extra'], "unexpected arguments ['extra']"),
+]
+
+
+def run_main(args, timeout=120):
+  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def assert_refused(proc, says):
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith('experiments.main: ') and says in lines[0], lines[0]
+  assert 'Traceback' not in proc.stderr and proc.stdout == ''
+
+
+@pytest.mark.parametrize('args, says', BAD_SETTINGS, ids=[' '.join(a[1:]) or a[0]
+                                                          for a, _ in BAD_SETTINGS])
+def test_bad_setting_exits_2_with_one_line_and_creates_nothing(tmp_path, args, says):
+  workdir = tmp_path / 'run'
+  assert_refused(run_main([*args, f'--workdir={workdir}']), says)
+  assert not workdir.exists()
+
+
+def test_bad_workdirs(tmp_path):
+  foreign = tmp_path / 'foreign'
+  foreign.mkdir()
+  (foreign / 'notes.txt').write_text('mine')
+  a_file = tmp_path / 'file'
+  a_file.write_text('')
+  other_study = tmp_path / 'cifar'
+  other_study.mkdir()
+  (other_study / 'config.json').write_text(json.dumps({'dataset': 'cifar10_jpeg'}))
+  cases = [
+    (foreign, 'not empty and not a workdir of experiments.main (no config.json; holds notes.txt)'),
+    (a_file, 'exists and is not a directory'),
+    (a_file / 'sub', f'{a_file} is not a directory'),
+    ('/proc/geoparam_workdir', 'cannot be created (/proc is not writable)'),
+    (other_study, "holds a run of study 'train', not 'levy_1d'"),
+  ]
+  for workdir, says in cases:
+    before = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else None
+    assert_refused(run_main([LEVY, f'--workdir={workdir}']), f'--workdir={workdir}: {says}')
+    assert (sorted(os.listdir(workdir)) if os.path.isdir(workdir) else None) == before
+  assert not os.path.exists('/proc/geoparam_workdir')
+  assert_refused(run_main([LEVY]), '--workdir: a directory is required.')
+  # Ours: empty, or a run of the same study (rerun or resume); nothing is created by the check.
+  ours = tmp_path / 'ours'
+  ours.mkdir()
+  validate.check_workdir(str(ours), 'levy_1d')
+  (ours / 'config.json').write_text(json.dumps({'study': 'levy_1d'}))
+  validate.check_workdir(str(ours), 'levy_1d')
+  validate.check_workdir(str(tmp_path / 'new' / 'deeper'), 'levy_1d')
+  assert sorted(os.listdir(ours)) == ['config.json'] and not (tmp_path / 'new').exists()
+
+
+def config_variants():
+  """Every config file with no argument and with `smoke`."""
+  for path in sorted(glob.glob(os.path.join(ROOT, 'experiments', 'configs', '*.py'))):
+    if os.path.basename(path) not in ('__init__.py', 'common.py', 'validate.py'):
+      for arg in ('', ':smoke'):
+        yield os.path.relpath(path, ROOT) + arg
+
+
+@pytest.mark.parametrize('config_arg', list(config_variants()))
+def test_every_config_field_has_a_rule_and_the_defaults_pass(config_arg):
+  config = main_lib._load_config(os.path.join(ROOT, config_arg))  # the CLI's own loader
+  missing = [k for k in config if validate.rule(k) is None]
+  assert not missing, f'{config_arg}: fields without a rule in validate.RULES: {missing}'
+  validate.check_config(config)
+
+
+def test_rules_refuse_what_they_should():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  good = dict(learning_rate=0.1, batch_size=8, stop_patience=0, plateau_factor=0.5,
+              layers=(16, 'M', 32), methods='sp,gmp', lr_gmp=0.1)
+  validate.check_config(ml_collections.ConfigDict(good))
+  for field, value in [('learning_rate', 0.0), ('learning_rate', float('inf')),
+                       ('batch_size', True), ('stop_patience', 2.0), ('plateau_factor', 0.0),
+                       ('layers', ('M',)), ('layers', (16.0,)), ('methods', ''),
+                       ('lr_gmp', -1e-9)]:
+    with pytest.raises(validate.ConfigError, match=f'--config.{field}='):
+      validate.check_config(ml_collections.ConfigDict({**good, field: value}))
+  with pytest.raises(validate.ConfigError, match='no validation rule'):
+    validate.check_config(ml_collections.ConfigDict({'brand_new_field': 1}))

@@ -1,0 +1,175 @@
+"""experiments.protocol.fit against a plain-Python Keras reference, member by member under vmap.
+
+The reference is Keras 2's `ReduceLROnPlateau.on_epoch_end` and
+`EarlyStopping(restore_best_weights=True).on_epoch_end` written out in plain
+Python, driving plain SGD on one weight whose gradient is 1 (so the weight is
+minus the sum of the rates of every step: it records the rate history, and the
+restored weight tells which epoch was kept). The monitored metric is a scripted
+sequence per member, on a grid of 0.25 (exact in float32, so ties are ties).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from experiments import protocol
+
+EPOCHS = 40
+STEPS = (3, 1)  # two groups of optimizer steps per epoch: a full part and a remainder
+
+
+class KerasPlateau:
+  """keras.callbacks.ReduceLROnPlateau.on_epoch_end (Keras 2), plain Python."""
+
+  def __init__(self, lr, factor, patience, mode, min_delta, cooldown, min_lr):
+    self.lr, self.factor, self.patience, self.cooldown, self.min_lr = lr, factor, patience, \
+        cooldown, min_lr
+    if mode == 'min':
+      self.better, self.best = (lambda a, b: a < b - min_delta), math.inf
+    else:
+      self.better, self.best = (lambda a, b: a > b + min_delta), -math.inf
+    self.wait = self.cooldown_counter = 0
+
+  def on_epoch_end(self, current):
+    if self.cooldown_counter > 0:
+      self.cooldown_counter -= 1
+      self.wait = 0
+    if self.better(current, self.best):
+      self.best = current
+      self.wait = 0
+    elif not self.cooldown_counter > 0:
+      self.wait += 1
+      if self.wait >= self.patience:
+        if self.lr > np.float32(self.min_lr):
+          self.lr = max(np.float32(self.lr) * np.float32(self.factor), np.float32(self.min_lr))
+          self.cooldown_counter = self.cooldown
+          self.wait = 0
+
+
+class KerasEarlyStopping:
+  """keras.callbacks.EarlyStopping(restore_best_weights=True).on_epoch_end (Keras 2)."""
+
+  def __init__(self, patience, mode, min_delta):
+    self.patience = patience
+    if mode == 'min':
+      self.better, self.best = (lambda a, b: a + min_delta < b), math.inf
+    else:
+      self.better, self.best = (lambda a, b: a - min_delta > b), -math.inf
+    self.wait, self.best_epoch, self.best_weights, self.stop = 0, -1, None, False
+
+  def on_epoch_end(self, epoch, current, weights):
+    if self.best_weights is None:
+      self.best_weights = weights
+    self.wait += 1
+    if self.better(current, self.best):
+      self.best, self.best_epoch, self.best_weights, self.wait = current, epoch, weights, 0
+    if self.wait >= self.patience and epoch > 0:
+      self.stop = True
+      return self.best_weights  # set_weights(best_weights)
+    return weights
+
+
+def keras_reference(script, w0, p: protocol.Protocol):
+  """Plain-Python `fit` of one member: per epoch the steps, then [plateau, early stopping]."""
+  plateau = KerasPlateau(np.float32(p.learning_rate), p.plateau_factor, p.plateau_patience,
+                         p.mode, p.plateau_min_delta, p.plateau_cooldown, p.min_lr)
+  stopper = KerasEarlyStopping(p.stop_patience, p.mode, p.stop_min_delta)
+  w, lrs, track = np.float32(w0), [], [np.float32(w0)]
+  for epoch in range(p.num_epochs):
+    lrs.append(np.float32(plateau.lr))
+    for _ in range(sum(STEPS)):
+      w = np.float32(w - np.float32(plateau.lr))  # SGD, gradient 1
+      track.append(w)
+    current = float(script[epoch])
+    plateau.on_epoch_end(current)
+    w = stopper.on_epoch_end(epoch, current, w)
+    if stopper.stop:
+      break
+  return dict(w=w, lrs=np.array(lrs), epochs_run=len(lrs), stopped=stopper.stop,
+              best_epoch=stopper.best_epoch, best=stopper.best, final_lr=np.float32(plateau.lr),
+              track=np.array(track))
+
+
+def scripts(mode, num_members):
+  """Metric sequences on a 0.25 grid: member i improves until epoch 6 + 8 i, then flattens into
+  noise (so members plateau and stop at different epochs); the last one improves every epoch."""
+  rng = np.random.RandomState(0)
+  sign = 1.0 if mode == 'min' else -1.0
+  out = []
+  for i in range(num_members - 1):
+    trend = -np.minimum(np.arange(EPOCHS), 6 + 8 * i) * 0.5
+    noise = rng.randint(-1, 2, EPOCHS) * 0.25
+    out.append(sign * (10.0 + trend + noise))
+  out.append(sign * (10.0 - 0.25 * np.arange(EPOCHS)))
+  return np.stack(out).astype(np.float32)
+
+
+@pytest.mark.parametrize('mode, cooldown, min_delta', [('min', 0, 1e-4), ('max', 2, 0.3)])
+def test_fit_equals_the_keras_reference_per_member(mode, cooldown, min_delta):
+  p = protocol.Protocol(num_epochs=EPOCHS, learning_rate=0.5, monitor='val', mode=mode,
+                        plateau_factor=0.5, plateau_patience=3, plateau_min_delta=min_delta,
+                        plateau_cooldown=cooldown, min_lr=0.01, stop_patience=7,
+                        stop_min_delta=min_delta)
+  script = scripts(mode, 5)
+  w0 = np.linspace(-1.0, 1.0, len(script)).astype(np.float32)
+  members = dict(script=jnp.asarray(script), w0=jnp.asarray(w0))
+
+  def init(member):
+    return {'params': {'w': member['w0'], 'frozen': member['w0'] + 1},
+            'count': {'epochs': jnp.zeros((), jnp.int32)}}
+
+  def loss(variables, batch, member):
+    del member
+    count = variables['count']['epochs'] + jnp.int32(batch[0] == 1)  # last step of the epoch
+    return variables['params']['w'] + variables['params']['frozen'], {
+        'count': {'epochs': count}}
+
+  def batches(member, epoch):
+    del member, epoch
+    return (jnp.zeros((STEPS[0], 1)), jnp.zeros((STEPS[1], 1)).at[-1].set(1.0))
+
+  out = protocol.fit(
+      p, init=init, loss=loss, batches=batches, members=members, optimizer=optax.sgd,
+      evaluate=lambda v, m: {'val': m['script'][v['count']['epochs'] - 1]},
+      hook=lambda v, m: v['params']['w'], trainable={'w': True, 'frozen': False},
+      finalize=lambda first, last, m: last['params']['w'] - first['params']['w'])
+  out = jax.tree.map(np.asarray, out)
+  stops = []
+  for i in range(len(script)):
+    ref = keras_reference(script[i], w0[i], p)
+    n = ref['epochs_run']
+    stops.append(n)
+    assert int(out['epochs_run'][i]) == n, i
+    assert bool(out['stopped'][i]) == ref['stopped'], i
+    assert int(out['best_epoch'][i]) == ref['best_epoch'], i
+    assert float(out['best'][i]) == ref['best'], i
+    np.testing.assert_array_equal(out['logs']['active'][i], np.arange(EPOCHS) < n)
+    np.testing.assert_allclose(out['logs']['lr'][i, :n], ref['lrs'], rtol=1e-6)
+    np.testing.assert_allclose(out['final_lr'][i], ref['final_lr'], rtol=1e-6)
+    np.testing.assert_allclose(out['variables']['params']['w'][i], ref['w'], rtol=1e-5, atol=1e-6)
+    steps = n * sum(STEPS) + 1
+    np.testing.assert_allclose(out['track'][i, :steps], ref['track'], rtol=1e-5, atol=1e-6)
+    # A stopped member is frozen: its tracked weight stays at the stopping epoch's value.
+    assert np.all(out['track'][i, steps:] == out['track'][i, steps - 1])
+    assert out['variables']['params']['frozen'][i] == w0[i] + 1  # trainable=False: untouched
+    np.testing.assert_allclose(out['final'][i], ref['w'] - w0[i], rtol=1e-5, atol=1e-6)
+  # The scripts exercise the protocol: members stop at different epochs, one runs to the end,
+  # and the plateau rule cuts the rate.
+  assert len(set(stops)) >= 3 and EPOCHS in stops and min(stops) < EPOCHS // 2
+  assert np.any(out['logs']['lr'][:, -1] < 0.5)
+
+
+def test_restore_best_false_keeps_the_last_weights():
+  p = protocol.Protocol(num_epochs=12, learning_rate=0.5, monitor='val', stop_patience=2,
+                        restore_best=False)
+  script = jnp.array([[1.0, 0.5, 0.75, 0.75, 0.75] + [0.75] * 7])
+  out = protocol.fit(
+      p, init=lambda m: {'params': {'w': jnp.zeros(())}}, members=script, optimizer=optax.sgd,
+      loss=lambda v, b, m: (v['params']['w'], {}), batches=protocol.full_batch(jnp.zeros(1)),
+      evaluate=lambda v, m: {'val': m[jnp.round(-v['params']['w'] / 0.5).astype(int) - 1]})
+  assert int(out['epochs_run'][0]) == 4 and bool(out['stopped'][0])
+  assert float(out['variables']['params']['w'][0]) == -2.0  # after 4 steps, not the best (-1)
