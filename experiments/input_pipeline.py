@@ -347,65 +347,143 @@ def augment_flip(images: np.ndarray, u: np.ndarray, pad_crop: int = 0) -> np.nda
   return out
 
 
-def _resize_shorter(img: np.ndarray, size: int):
+# What the train transform of `augment='imagenet'` leaves to the device (`colour_lighting`):
+# brightness, contrast and saturation factors in [1 - COLOUR, 1 + COLOUR] and PCA lighting noise of
+# scale LIGHTING, He et al. (2016) / AlexNet.
+COLOUR, LIGHTING = 0.4, 0.1
+DECODES_BYTES = True  # sources may return encoded images (bytes); the transforms decode them
+
+
+def _open(item):
+  """A source's image (encoded bytes, or an array `(h, w[, 1 or 3])` uint8) -> a PIL image.
+
+  Encoded images are opened, not decoded: `_resized_crop` asks for a reduced JPEG decode first.
+  """
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
-  h, w = img.shape[:2]
-  scale = size / min(h, w)
-  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
-  return np.asarray(Image.fromarray(img).resize((nw, nh), Image.BILINEAR))
+  if isinstance(item, (bytes, bytearray, memoryview)):
+    try:
+      im = Image.open(io.BytesIO(item))
+    except Exception as e:  # PIL raises UnidentifiedImageError, OSError, ...
+      raise ValueError(f'cannot decode an encoded image of {len(item)} bytes: {e}') from e
+    if im.mode not in ('RGB', 'L'):
+      im = im.convert('RGB')
+    return im
+  img = np.asarray(item)
+  if img.dtype != np.uint8 or not (img.ndim == 2 or (img.ndim == 3 and img.shape[-1] in (1, 3))):
+    raise ValueError(f'expected a uint8 image (h, w), (h, w, 1) or (h, w, 3); got {img.dtype} '
+                     f'{img.shape}.')
+  return Image.fromarray(img.reshape(img.shape[:2]) if img.ndim == 3 and img.shape[-1] == 1
+                         else img)
+
+
+def _resized_crop(item, short: int, crop: int, uy: float | None, ux: float | None) -> np.ndarray:
+  """The `crop` x `crop` window of `item` with its shorter side resized to `short`, `(crop, crop,
+  3)` uint8.
+
+  The window's offset in the resized image is `int(u * (size - crop + 1))` per axis (the centre
+  for `u=None`), exactly where a resize of the whole image followed by a crop would take it; but
+  only the window is computed: its box in the source's coordinates is resized to `crop` x `crop`
+  (PIL bilinear with the same per-axis scale and the same sample positions, so the result is
+  the resize-then-crop one up to PIL's edge handling). Encoded JPEGs are first decoded at the
+  smallest power-of-2 reduction still at least as large as the resized image (`Image.draft`).
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  im = _open(item)
+  w, h = im.size
+  scale = short / min(h, w)
+  nh, nw = max(short, round(h * scale)), max(short, round(w * scale))
+  y = (nh - crop) // 2 if uy is None else min(int(uy * (nh - crop + 1)), nh - crop)
+  x = (nw - crop) // 2 if ux is None else min(int(ux * (nw - crop + 1)), nw - crop)
+  if getattr(im, 'format', None) == 'JPEG' and nw < w and nh < h:
+    im.draft(im.mode, (nw, nh))  # decodes at 1/2, 1/4 or 1/8 where that stays >= (nw, nh)
+  fx, fy = im.size[0] / nw, im.size[1] / nh
+  box = (x * fx, y * fy, (x + crop) * fx, (y + crop) * fy)
+  out = im.resize((crop, crop), Image.BILINEAR, box=box)
+  if out.mode != 'RGB':
+    out = out.convert('RGB')
+  return np.asarray(out)
 
 
 def augment_imagenet(images, u: np.ndarray, crop: int = 224,
-                     resize_range: tuple[int, int] = (256, 480), color: float = 0.4,
-                     lighting: float = 0.1) -> np.ndarray:
-  """He et al. (2016) training augmentation: shorter side resized to a random size in
-  `resize_range`, a random `crop` x `crop` crop, a random flip, colour jitter
-  (brightness, contrast, saturation by up to +-`color`) and PCA lighting noise."""
+                     resize_range: tuple[int, int] = (256, 480)) -> np.ndarray:
+  """He et al. (2016) training augmentation, host part: shorter side resized to a random size in
+  `resize_range` (`u[:, 0]`), a random `crop` x `crop` crop (`u[:, 1:3]`), a random flip
+  (`u[:, 3] < 0.5`). Only the crop is resized (`_resized_crop`).
+
+  Args:
+    images: `b` images, each encoded bytes or a uint8 array `(h, w[, 1 or 3])`.
+    u: `(b, NUM_UNIFORMS)` uniforms in [0, 1); columns 4-7 drive `colour_lighting`.
+
+  Returns:
+    `(b, crop, crop, 3)` uint8. The colour jitter and lighting follow on the device
+    (`colour_lighting`, in the train step).
+  """
+  if len(images) != len(u):
+    raise ValueError(f'{len(images)} images but {len(u)} rows of uniforms.')
   out = np.empty((len(images), crop, crop, 3), np.uint8)
   for k, img in enumerate(images):
-    img = np.asarray(img)
-    if img.ndim == 2 or img.shape[-1] == 1:
-      img = np.repeat(img.reshape(img.shape[:2] + (1,)), 3, axis=-1)
     size = int(resize_range[0] + u[k, 0] * (resize_range[1] - resize_range[0] + 1))
-    img = _resize_shorter(img, min(max(size, crop), resize_range[1]))
-    h, w = img.shape[:2]
-    y = min(int(u[k, 1] * (h - crop + 1)), h - crop)
-    x = min(int(u[k, 2] * (w - crop + 1)), w - crop)
-    img = img[y:y + crop, x:x + crop].astype(np.float32) / 255.0
+    out[k] = _resized_crop(img, min(max(size, crop), resize_range[1]), crop, u[k, 1], u[k, 2])
     if u[k, 3] < 0.5:
-      img = img[:, ::-1]
-    if color:
-      b, c, s = (1.0 + color * (2.0 * u[k, 4:7] - 1.0)).astype(np.float32)
-      img = img * b
-      gray = img @ np.array([0.299, 0.587, 0.114], np.float32)
-      img = (img - gray.mean()) * c + gray.mean()
-      gray = (img @ np.array([0.299, 0.587, 0.114], np.float32))[..., None]
-      img = (img - gray) * s + gray
-    if lighting:
-      # A fixed-per-example Gaussian draw from the uniform via the inverse-CDF-free Box-Muller
-      # of u[k, 7] (one angle, so 2 of 3 coordinates are correlated; enough for jitter).
-      r = np.sqrt(-2.0 * np.log(max(1.0 - u[k, 7], 1e-7)))
-      alpha = lighting * r * np.array(
-          [np.cos(2 * np.pi * u[k, 4]), np.sin(2 * np.pi * u[k, 4]), np.cos(2 * np.pi * u[k, 5])],
-          np.float32)
-      img = img + _EIGVEC @ (alpha * _EIGVAL)
-    out[k] = np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
+      out[k] = out[k, :, ::-1]
   return out
 
 
 def center_crop_imagenet(images, crop: int = 224, resize: int = 256) -> np.ndarray:
-  """Evaluation: shorter side resized to `resize`, central `crop` x `crop`."""
+  """Evaluation: shorter side resized to `resize`, central `crop` x `crop` (only that window is
+  computed, `_resized_crop`). `images`: encoded bytes or uint8 arrays; returns `(b, crop, crop,
+  3)` uint8."""
   out = np.empty((len(images), crop, crop, 3), np.uint8)
   for k, img in enumerate(images):
-    img = np.asarray(img)
-    if img.ndim == 2 or img.shape[-1] == 1:
-      img = np.repeat(img.reshape(img.shape[:2] + (1,)), 3, axis=-1)
-    img = _resize_shorter(img, max(resize, crop))
-    h, w = img.shape[:2]
-    y, x = (h - crop) // 2, (w - crop) // 2
-    out[k] = img[y:y + crop, x:x + crop]
+    out[k] = _resized_crop(img, max(resize, crop), crop, None, None)
   return out
+
+
+def colour_lighting(images, u, colour: float = COLOUR, lighting: float = LIGHTING):
+  """Colour jitter and PCA lighting on the device, batched (jit-able; the train step calls it).
+
+  Per example, with `f = 1 + colour * (2 u[:, 0:3] - 1)` (brightness, contrast, saturation
+  factors): `x *= f_b`; `x = (x - m) f_c + m` with `m` the mean gray level (ITU-R 601 weights) of
+  the image; `x = (x - g) f_s + g` with `g` the per-pixel gray; then the AlexNet PCA lighting
+  offset `V (alpha * lambda)`, `alpha = lighting * r * (cos 2 pi u0, sin 2 pi u0, cos 2 pi u1)`,
+  `r = sqrt(-2 log(max(1 - u3, 1e-7)))` (a Box-Muller radius); finally clipped to [0, 1].
+  These are the formulas and distributions the host applied before (it also rounded to uint8).
+
+  Args:
+    images: `(b, h, w, 3)` uint8 (0..255) or float (already in [0, 1]).
+    u: `(b, 4)` uniforms in [0, 1), columns 4-7 of the batch's `NUM_UNIFORMS`.
+    colour, lighting: jitter and lighting strengths (0 disables).
+
+  Returns:
+    `(b, h, w, 3)` float32 in [0, 1].
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  x = jnp.asarray(images)
+  x = x.astype(jnp.float32) / 255.0 if jnp.issubdtype(x.dtype, jnp.integer) else x.astype(
+      jnp.float32)
+  u = jnp.asarray(u, jnp.float32)
+  # Weighted sums written out: a matmul would run at reduced precision on some accelerators.
+  gray = lambda t: t[..., 0] * 0.299 + t[..., 1] * 0.587 + t[..., 2] * 0.114
+  if colour:
+    f = 1.0 + colour * (2.0 * u[:, :3] - 1.0)
+    b, c, s = (f[:, i, None, None, None] for i in range(3))
+    x = x * b
+    m = jnp.mean(gray(x), axis=(1, 2))[:, None, None, None]
+    x = (x - m) * c + m
+    g = gray(x)[..., None]
+    x = (x - g) * s + g
+  if lighting:
+    r = jnp.sqrt(-2.0 * jnp.log(jnp.maximum(1.0 - u[:, 3], 1e-7)))
+    angle = 2.0 * jnp.pi * u
+    alpha = lighting * r[:, None] * jnp.stack(
+        [jnp.cos(angle[:, 0]), jnp.sin(angle[:, 0]), jnp.cos(angle[:, 1])], axis=-1)
+    offset = jnp.sum(jnp.asarray(_EIGVEC)[None] * (alpha * jnp.asarray(_EIGVAL))[:, None, :],
+                     axis=-1)
+    x = x + offset[:, None, None, :]
+  return jnp.clip(x, 0.0, 1.0)
 
 
 def make_augment(config, train: bool) -> Callable[[Any, np.ndarray], np.ndarray]:
@@ -413,8 +491,10 @@ def make_augment(config, train: bool) -> Callable[[Any, np.ndarray], np.ndarray]
   kind = config.augment
   if kind == 'imagenet':
     if train:
-      return lambda x, u: augment_imagenet(
-          x, u, crop=config.image_size, resize_range=tuple(config.resize_range))
+      # The batch carries the colour/lighting uniforms for the train step (`colour_lighting`).
+      return lambda x, u: {'image': augment_imagenet(
+          x, u, crop=config.image_size, resize_range=tuple(config.resize_range)),
+                           'colour': np.ascontiguousarray(u[:, 4:8], np.float32)}
     return lambda x, u: center_crop_imagenet(x, crop=config.image_size,
                                              resize=config.eval_resize)
   if kind not in ('none', 'flip', 'flip_crop'):
@@ -444,7 +524,8 @@ class Loader:
     global_batch: examples per step over all processes.
     train: shuffle per epoch, drop the last partial batch, augment; else
       sequential order and a padded, masked last batch.
-    augment: `(images, uniforms (b, NUM_UNIFORMS)) -> uint8 (b, h, w, 3)`.
+    augment: `(images, uniforms (b, NUM_UNIFORMS)) -> uint8 (b, h, w, 3)`, or a dict of it
+      (`'image'`) and further per-example arrays that the batch carries too.
     seed: data-order and augmentation seed.
     process_index, process_count: this process's part of each global batch.
     num_workers: threads building batches; prefetch: batches built ahead.
@@ -490,7 +571,12 @@ class Loader:
     images = [images[i] for i in inv] if isinstance(images, list) else np.asarray(images)[inv]
     labels = np.asarray(labels, np.int32)[inv]
     images = self.augment(images, u)
-    return {'image': np.ascontiguousarray(images, np.uint8), 'label': labels, 'mask': mask}
+    extra = {}
+    if isinstance(images, dict):  # the augmentation adds per-example inputs of the train step
+      extra = {k: v for k, v in images.items() if k != 'image'}
+      images = images['image']
+    return {'image': np.ascontiguousarray(images, np.uint8), 'label': labels, 'mask': mask,
+            **extra}
 
   def epoch(self, epoch: int, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """Yields this process's batches `start_step, ..., steps_per_epoch - 1` of `epoch`."""

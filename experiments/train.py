@@ -141,8 +141,11 @@ def init_state(config, model, tx, image_shape, rng) -> TrainState:
 
 
 def _normalize(images, mean_std):
+  """uint8 images (0..255), or float images already in [0, 1] -> normalized float32."""
   mean, std = (jnp.asarray(v, jnp.float32) for v in mean_std)
-  return (images.astype(jnp.float32) / 255.0 - mean) / std
+  if jnp.issubdtype(images.dtype, jnp.integer):
+    images = images.astype(jnp.float32) / 255.0
+  return (images.astype(jnp.float32) - mean) / std
 
 
 def _metric_sums(logits, labels, mask):
@@ -167,7 +170,10 @@ def make_train_step(model, tx, mean_std, seed: int = 0, mesh=None) -> Callable:
                                                                 mesh=mesh)
 
   def step(state: TrainState, batch):
-    x = _normalize(batch['image'], mean_std)
+    images = batch['image']
+    if 'colour' in batch:  # augment='imagenet': colour jitter and lighting run here, batched
+      images = input_pipeline.colour_lighting(images, batch['colour'])
+    x = _normalize(images, mean_std)
     labels, mask = batch['label'], batch['mask']
     has_stats = bool(jax.tree.leaves(state.batch_stats))
 
