@@ -11,7 +11,8 @@ they compress like photographs, ~60-100 KB each) are generated in memory with PI
   source, as for a TFDS source that returns decoded arrays, and is still inside the timing);
 - `eval`: the eval transform (decode, shorter side to 256, centre crop 224).
 
-Per transform: ms and images/s per image on one core (the transform called on batches in this
+Also timed: a full decode alone (the floor of the host work per image). Per transform: ms and
+images/s per image on one core (the transform called on batches in this
 thread; min and median over `--repeats` passes over all images), and images/s through
 `input_pipeline.Loader` with each worker count of `--workers` (median over the repeats) and the
 speed-up of the largest count over 1. Colour jitter and lighting are not host work once they
@@ -112,10 +113,19 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
   if batch < 1 or images < batch or repeats < 1 or min(workers) < 1:
     raise ValueError(f'need 1 <= batch <= images, repeats >= 1 and workers >= 1; got '
                      f'batch={batch}, images={images}, repeats={repeats}, workers={workers}.')
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
   jpegs = make_jpegs(images, *size)
   src = JpegSource(jpegs, decode=source == 'arrays')
   config = ml_collections.ConfigDict(dict(augment='imagenet', image_size=crop,
                                           resize_range=resize_range, eval_resize=eval_resize))
+  decode_times = []
+  for r in range(repeats + 1):  # the floor: a full decode of every image, one core
+    t = time.perf_counter()
+    for b in jpegs:
+      np.asarray(Image.open(io.BytesIO(b)).convert('RGB'))
+    if r:
+      decode_times.append(time.perf_counter() - t)
   rows = []
   for name, train in (('train', True), ('eval', False)):
     augment = input_pipeline.make_augment(config, train)
@@ -152,7 +162,10 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
   result = {'benchmark': 'input_pipeline', 'tiny': tiny, 'source': source, 'size': list(size),
             'crop': crop, 'batch': batch, 'repeats': repeats, 'workers': workers,
             'cpu_count': os.cpu_count(), 'load_average': list(os.getloadavg()),
-            'machine': platform.processor() or platform.machine(), 'rows': rows}
+            'machine': platform.processor() or platform.machine(),
+            'decode_ms_per_image_min': 1e3 * min(decode_times) / images,
+            'decode_ms_per_image_median': 1e3 * statistics.median(decode_times) / images,
+            'rows': rows}
   if out:
     with open(out, 'w') as f:
       json.dump(result, f, indent=2)
@@ -166,7 +179,8 @@ def main(argv):
                workers=FLAGS.workers, size=(width, height), source=FLAGS.source, out=FLAGS.out,
                tiny=FLAGS.tiny)
   print(f'source={result["source"]} size={result["size"]} load average '
-        f'{result["load_average"]}')
+        f'{result["load_average"]}; full decode alone {result["decode_ms_per_image_min"]:.2f}-'
+        f'{result["decode_ms_per_image_median"]:.2f} ms/image')
   for row in result['rows']:
     ws = ' '.join(f'{w} workers {row[f"images_per_s_{w}_workers"]:.0f} img/s'
                   for w in result['workers'])

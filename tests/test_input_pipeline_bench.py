@@ -15,6 +15,7 @@ def test_tiny_run_writes_json_with_every_row(tmp_path):
   result = bench.run(tiny=True, out=str(out))
   saved = json.loads(out.read_text())
   assert saved == json.loads(json.dumps(result))
+  assert 0 < saved['decode_ms_per_image_min'] <= saved['decode_ms_per_image_median']
   assert saved['tiny'] is True and [r['transform'] for r in saved['rows']] == ['train', 'eval']
   for row in saved['rows']:
     for key in ('ms_per_image_min', 'ms_per_image_median', 'images_per_s_1_workers',
