@@ -26,7 +26,12 @@ batch is dropped; evaluation pads the last batch and gives padded examples
 `mask = 0`.
 
 Batches are numpy dicts `{'image': uint8 (b, h, w, 3), 'label': int32 (b,),
-'mask': float32 (b,)}`; the train step normalizes images on the device. A
+'mask': float32 (b,)}`; the train step normalizes images on the device. With
+`augment='imagenet'` the host only decodes, crops (resizing just the crop) and flips; training
+batches also carry `'colour': float32 (b, 4)`, the per-example uniforms of the colour jitter and
+PCA lighting that the train step applies on the device (`colour_lighting`). Sources may return
+encoded images (bytes) instead of arrays; the ImageNet transforms then decode them, at a
+reduced JPEG scale where the resize allows. A
 thread pool builds the next `prefetch` batches while the devices run (PIL and
 numpy release the GIL), so a slow single core does not starve the devices.
 """
