@@ -13,7 +13,8 @@ they compress like photographs, ~60-100 KB each) are generated in memory with PI
 
 Also timed: a full decode alone (the floor of the host work per image). Per transform: ms and
 images/s per image on one core (the transform called on batches in this
-thread; min and median over `--repeats` passes over all images), and images/s through
+thread; min and median over `--repeats` passes over all images, in wall time and in this
+thread's CPU time, which other jobs on a shared machine inflate less), and images/s through
 `input_pipeline.Loader` with each worker count of `--workers` (median over the repeats) and the
 speed-up of the largest count over 1. Colour jitter and lighting are not host work once they
 run in the train step on the device (see the README). `--tiny` shrinks everything (the test
@@ -134,16 +135,19 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
     n = len(starts) * batch
 
     def one_pass():
-      t = time.perf_counter()
+      t, c = time.perf_counter(), time.thread_time()
       for s in starts:
         idx = np.arange(s, s + batch)
         augment(src.get(idx)[0], u[idx])
-      return time.perf_counter() - t
+      return time.perf_counter() - t, time.thread_time() - c
 
     one_pass()  # warm-up (imports, allocator)
-    times = [one_pass() for _ in range(repeats)]
+    passes = [one_pass() for _ in range(repeats)]
+    times, cpu = [p[0] for p in passes], [p[1] for p in passes]
     row = {'transform': name, 'images': n, 'ms_per_image_min': 1e3 * min(times) / n,
            'ms_per_image_median': 1e3 * statistics.median(times) / n,
+           'cpu_ms_per_image_min': 1e3 * min(cpu) / n,
+           'cpu_ms_per_image_median': 1e3 * statistics.median(cpu) / n,
            'images_per_s_one_core': n / statistics.median(times)}
     for w in workers:
       loader = input_pipeline.Loader(src, batch, train=train, augment=augment, seed=0,
@@ -185,7 +189,8 @@ def main(argv):
     ws = ' '.join(f'{w} workers {row[f"images_per_s_{w}_workers"]:.0f} img/s'
                   for w in result['workers'])
     print(f'{row["transform"]:5s}: one core {row["ms_per_image_min"]:.2f}-'
-          f'{row["ms_per_image_median"]:.2f} ms/image (min-median), '
+          f'{row["ms_per_image_median"]:.2f} ms/image (min-median; thread CPU time '
+          f'{row["cpu_ms_per_image_min"]:.2f}-{row["cpu_ms_per_image_median"]:.2f}), '
           f'{row["images_per_s_one_core"]:.0f} img/s; {ws}'
           + (f'; speed-up {row["speedup"]:.2f}x' if 'speedup' in row else ''))
 

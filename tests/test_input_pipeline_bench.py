@@ -18,10 +18,11 @@ def test_tiny_run_writes_json_with_every_row(tmp_path):
   assert 0 < saved['decode_ms_per_image_min'] <= saved['decode_ms_per_image_median']
   assert saved['tiny'] is True and [r['transform'] for r in saved['rows']] == ['train', 'eval']
   for row in saved['rows']:
-    for key in ('ms_per_image_min', 'ms_per_image_median', 'images_per_s_1_workers',
+    for key in ('ms_per_image_min', 'ms_per_image_median', 'cpu_ms_per_image_min', 'images_per_s_1_workers',
                 'images_per_s_2_workers', 'speedup'):
       assert row[key] > 0, (row['transform'], key)
     assert row['ms_per_image_min'] <= row['ms_per_image_median']
+    assert row['cpu_ms_per_image_min'] <= row['cpu_ms_per_image_median']
 
 
 def test_both_sources_run_and_generated_jpegs_decode():
