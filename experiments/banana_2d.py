@@ -1,6 +1,6 @@
 r"""2-D Banana classification (paper 002, Sec. 3.5, Fig. 3): SP, WN, BN and GmP compared.
 
-Protocol (design.md and the paper's reference notebook `2d_banana.ipynb`): 1000
+Protocol (the paper's reference notebook `2d_banana.ipynb`): 1000
 points drawn without replacement from `banana.csv`, split 80/20, features
 standardized with the training statistics; MLP with one hidden layer of 10
 ReLU units and a sigmoid output, binary cross-entropy; Adam, batch 128
@@ -11,14 +11,18 @@ the others; float64. As in the reference notebook the held-out 20% is both the
 monitored validation set and the reported test set, so the accuracies are
 best-epoch held-out accuracies (optimistic for every method alike).
 
-The boundary location `phi_i` and direction `u_i` of every hidden unit are
-recorded after every optimizer step inside the jitted training scan
-(`geoparam.analysis`); BN is folded with its running statistics (the
-evaluation-mode function). Several initialization seeds train together under
-`jax.vmap`; figures show seed 0.
+The training is `experiments.protocol.fit` (the Keras protocol shared by the
+small studies), several initialization seeds together under `jax.vmap`. The
+boundary location `phi_i` and direction `u_i` of every hidden unit are recorded
+after every optimizer step inside the jitted training scan (`geoparam.analysis`);
+BN is folded with its running statistics (the evaluation-mode function). Figures
+show seed 0.
 
-  python -m experiments.banana_2d --data_dir=../shared/data --workdir=/tmp/banana
-  python -m experiments.banana_2d --download --workdir=/tmp/banana   # no data folder: fetch it
+  python -m experiments.main --config=experiments/configs/banana_2d.py --workdir=/tmp/banana
+  python -m experiments.main --config=experiments/configs/banana_2d.py --workdir=/tmp/banana \
+      --config.download=True   # no data folder: fetch banana.csv
+
+(`python -m experiments.banana_2d --workdir=DIR [--config.x=...]` is the same command.)
 
 Writes to `workdir`: `results.json` (test accuracy and max angle change per
 method, the paper's claims checked), `results.csv` (per seed), `results.md`,
@@ -36,47 +40,18 @@ import os
 import time
 from typing import Any
 
-from absl import app
-from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
 from experiments import download as download_lib
 from experiments import models
+from experiments import protocol
+from experiments.configs import validate
 from geoparam import analysis
-from geoparam import schedules
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-  """Defines the CLI flags; called only when run as a script, so that importing several
-  studies in one process (tests, notebooks) does not define a flag twice."""
-  flags.DEFINE_string('workdir', None, 'Directory for results.json, results.csv and PNGs.')
-  flags.DEFINE_string('data_dir', None,
-                      'Folder holding banana.csv (default: $GEOPARAM_DATA_DIR).')
-  flags.DEFINE_bool('download', False, 'Fetch banana.csv from its public source into the cache '
-                    '($GEOPARAM_CACHE_DIR or ~/.cache/geoparam) when the data folder lacks it.')
-  flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
-  flags.DEFINE_integer('epochs', 5000, 'Maximum number of epochs (paper: 5000).')
-  flags.DEFINE_integer('batch_size', 128, 'Minibatch size.')
-  flags.DEFINE_integer('seed', 0, 'Seed of the data draw, the shuffling and the first initialization.')
-  flags.DEFINE_integer('num_seeds', 5, 'Initialization seeds run together with vmap.')
-  flags.DEFINE_bool('float64', True, 'Train in float64 as the reference code does.')
-  flags.DEFINE_float('lr_gmp', 0.1, 'Adam learning rate for GmP.')
-  flags.DEFINE_float('lr_others', 0.01, 'Adam learning rate for SP, WN, BN.')
-  flags.DEFINE_integer('plateau_patience', 50, 'Epochs without accuracy improvement before LR x0.1.')
-  flags.DEFINE_integer('stop_patience', 100, 'Epochs without accuracy improvement before stopping.')
-  flags.DEFINE_integer('num_points', 1000, 'Points drawn from banana.csv.')
-  flags.DEFINE_integer('hidden', 10, 'Hidden units.')
-  flags.DEFINE_bool('compare_rates', True,
-                    'Also train every method at the other rate (Fig. 3 a-h, i compare both).')
-  flags.DEFINE_bool('gmp_glorot_scale', True,
-                    'Start GmP scales at the Glorot norm as the reference code (False: scale = 1).')
-
 
 BN_EPSILON = 1e-3  # experiments.models uses Keras' BatchNorm epsilon.
 
@@ -127,17 +102,14 @@ def hidden_layer(method: str, variables) -> dict[str, Any]:
   return analysis.layer_variables(variables, method, 'hidden_0', bn_epsilon=BN_EPSILON)
 
 
-def _bce(logits, labels):
-  return optax.sigmoid_binary_cross_entropy(logits, labels)
-
-
 def train(method: str, data, keys, epochs: int, batch_size: int, lr: float,
           plateau_patience: int, stop_patience: int, hidden: int, gmp_glorot_scale: bool,
           dtype) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped), one jitted scan over epochs.
+  """Trains one method for every key in `keys` (vmapped) with `experiments.protocol.fit`.
 
-  Each epoch is a scan over the full batches plus one step on the remainder;
-  the boundary snapshot of the hidden layer is taken after every step.
+  Each epoch is the reshuffled full batches plus one step on the remainder;
+  plateau and early stopping watch the held-out accuracy; the boundary snapshot
+  of the hidden layer is taken after every step.
   """
   model = models.MLP(hidden=(hidden,), out=1, method=method, gmp_glorot_scale=gmp_glorot_scale,
                      param_dtype=dtype)
@@ -148,86 +120,50 @@ def train(method: str, data, keys, epochs: int, batch_size: int, lr: float,
   if full < 1:
     raise ValueError(f'batch_size={batch_size} exceeds the {n} training points.')
   steps_per_epoch = full + (rest > 0)
-  opt = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-  plateau = schedules.reduce_on_plateau(factor=0.1, patience=plateau_patience, mode='max')
-  stopper = schedules.early_stopping(patience=stop_patience, mode='max')
+  settings = protocol.Protocol(num_epochs=epochs, learning_rate=lr, monitor='val_acc', mode='max',
+                               plateau_patience=plateau_patience, stop_patience=stop_patience)
 
   def accuracy(variables, inputs, labels):
     logits = model.apply(variables, inputs, train=False)
     return jnp.mean(((logits > 0).astype(labels.dtype) == labels).astype(jnp.float32))
 
-  def sgd_step(state, batch):
-    params, others, opt_state = state
-    xb, yb = batch
+  def bce(variables, batch, key):
+    del key
+    logits, updates = model.apply(variables, batch[0], train=True,
+                                  mutable=[k for k in variables if k != 'params'])
+    return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, batch[1])), updates
 
-    def loss_fn(p):
-      logits, upd = model.apply({'params': p, **others}, xb, train=True, mutable=list(others))
-      return jnp.mean(_bce(logits, yb)), upd
+  def batches(key, t):
+    perm = jax.random.permutation(jax.random.fold_in(jax.random.split(key)[1], t), n)
+    xs, ys = x[perm], y[perm]
+    cut = full * batch_size
+    groups = ((xs[:cut].reshape(full, batch_size, -1), ys[:cut].reshape(full, batch_size, -1)),)
+    return groups + (((xs[cut:][None], ys[cut:][None]),) if rest else ())
 
-    (loss, upd), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    upd = jax.tree.map(lambda a, b: a.astype(b.dtype), upd, others)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    snap = analysis.snapshot(hidden_layer(method, {'params': params, **upd}), method)
-    return (params, upd, opt_state), (loss, snap)
-
-  def run(key):
-    init_key, shuffle_key = jax.random.split(key)
-    variables = model.init(init_key, x, train=False)
-    params = variables['params']
-    others = {k: v for k, v in variables.items() if k != 'params'}
-    first = analysis.snapshot(hidden_layer(method, variables), method)
-    carry = dict(params=params, others=others, opt=opt.init(params), plateau=plateau.init(lr),
-                 stop=stopper.init(), best=(params, others))
-
-    def epoch(carry, t):
-      perm = jax.random.permutation(jax.random.fold_in(shuffle_key, t), n)
-      xs, ys = x[perm], y[perm]
-      state = (carry['params'], carry['others'], carry['opt'])
-      state, (losses, snaps) = jax.lax.scan(
-          sgd_step, state, (xs[:full * batch_size].reshape(full, batch_size, -1),
-                            ys[:full * batch_size].reshape(full, batch_size, -1)))
-      if rest:
-        state, (loss_r, snap_r) = sgd_step(state, (xs[full * batch_size:], ys[full * batch_size:]))
-        losses = jnp.concatenate([losses, loss_r[None]])
-        snaps = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), snaps, snap_r)
-      params, others, opt_state = state
-      val_acc = accuracy({'params': params, **others}, x_test, y_test)
-      plateau_state = plateau.update(carry['plateau'], val_acc)
-      stop_state = stopper.update(carry['stop'], val_acc)
-      opt_state = schedules.set_learning_rate(opt_state, plateau_state.lr)
-      new = dict(params=params, others=others, opt=opt_state, plateau=plateau_state,
-                 stop=stop_state, best=schedules.keep_best(
-                     stop_state.improved, carry['best'], (params, others)))
-      active = ~carry['stop'].stop  # Keras: the epoch that triggers the stop still runs.
-      out = dict(loss=jnp.mean(losses), val_acc=val_acc, lr=carry['plateau'].lr, active=active,
-                 location=snaps.location, direction=snaps.direction)
-      return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), out
-
-    carry, trace = jax.lax.scan(epoch, carry, jnp.arange(epochs))
-    final = jax.tree.map(lambda b, c: jnp.where(carry['stop'].stop, b, c),
-                         carry['best'], (carry['params'], carry['others']))
-    final_vars = {'params': final[0], **final[1]}
-    # Per-step tracks: (epochs * steps_per_epoch + 1, hidden, 2), index 0 = initialization.
-    flat = lambda a, a0: jnp.concatenate([a0[None], a.reshape((-1,) + a.shape[2:])])
-    locations = flat(trace.pop('location'), first.location)
-    directions = flat(trace.pop('direction'), first.direction)
-    step_active = jnp.repeat(trace['active'], steps_per_epoch)
-    d_angle = jnp.where(step_active, analysis.max_angle_change(directions, degrees=True), jnp.nan)
-    d_phi = jnp.where(step_active, analysis.max_location_change(locations), jnp.nan)
-    return dict(test_acc=accuracy(final_vars, x_test, y_test),
-                train_acc=accuracy(final_vars, x, y), trace=trace,
-                epochs_run=jnp.sum(trace['active']), final_lr=carry['plateau'].lr,
-                locations=locations, max_dtheta_deg=d_angle, max_dphi=d_phi,
-                final_phi=analysis.boundary_location(hidden_layer(method, final_vars), method),
-                final_params=final[0], final_others=final[1])
+  def finalize(initial, final, key):
+    del initial, key
+    return dict(test_acc=accuracy(final, x_test, y_test), train_acc=accuracy(final, x, y),
+                final_phi=analysis.boundary_location(hidden_layer(method, final), method))
 
   t0 = time.perf_counter()
-  out = jax.jit(jax.vmap(run))(keys)
+  out = protocol.fit(
+      settings, init=lambda key: model.init(jax.random.split(key)[0], x, train=False), loss=bce,
+      batches=batches, members=keys, finalize=finalize,
+      evaluate=lambda variables, key: {'val_acc': accuracy(variables, x_test, y_test)},
+      hook=lambda variables, key: analysis.snapshot(hidden_layer(method, variables), method))
+  # Per-step tracks (seeds, epochs * steps_per_epoch + 1, hidden, 2), index 0 = initialization.
+  locations, directions = out['track'].location, out['track'].direction
+  step_active = jnp.repeat(out['logs']['active'], steps_per_epoch, axis=1)
+  changes = jax.jit(jax.vmap(lambda d, p: dict(
+      max_dtheta_deg=analysis.max_angle_change(d, degrees=True),
+      max_dphi=analysis.max_location_change(p))))(directions, locations)
+  changes = {k: jnp.where(step_active, v, jnp.nan) for k, v in changes.items()}
+  variables = out['variables']
+  out = dict(out['final'], **changes, trace=out['logs'], epochs_run=out['epochs_run'],
+             final_lr=out['final_lr'], locations=locations, final_params=variables['params'],
+             final_others={k: v for k, v in variables.items() if k != 'params'})
   out = jax.tree.map(np.asarray, out)
-  out['seconds'] = time.perf_counter() - t0
-  out['steps_per_epoch'] = steps_per_epoch
-  out['model'] = model
+  out.update(seconds=time.perf_counter() - t0, steps_per_epoch=steps_per_epoch, model=model)
   return out
 
 
@@ -265,17 +201,17 @@ def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]
   return out
 
 
-def summarize(runs, protocol) -> str:
+def summarize(runs, chosen) -> str:
   """Markdown table: test accuracy (mean +- s.e.) and max changes per method and rate.
 
-  `runs`: lr -> method -> run; `protocol`: method -> the run at its protocol
+  `runs`: lr -> method -> run; `chosen`: method -> the run at its protocol
   rate (its rows are marked *, the best accuracy among them in bold).
   """
   lines = ['| method | lr | test accuracy (mean +- s.e.) | per seed | epochs run | '
            'max_t max_i abs(dtheta) (deg) | max_t max_i abs(dphi) |',
            '| --- | --- | --- | --- | --- | --- | --- |']
-  best = max(protocol, key=lambda m: np.mean(protocol[m]['test_acc']))
-  for m in protocol:
+  best = max(chosen, key=lambda m: np.mean(chosen[m]['test_acc']))
+  for m in chosen:
     for lr in sorted(runs):
       if m not in runs[lr]:
         continue
@@ -283,9 +219,9 @@ def summarize(runs, protocol) -> str:
       acc = r['test_acc']
       se = np.std(acc, ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else float('nan')
       cell = f'{np.mean(acc):.4f} +- {se:.4f}'
-      if r is protocol[m] and m == best:
+      if r is chosen[m] and m == best:
         cell = f'**{cell}**'
-      star = '*' if r is protocol[m] else ''
+      star = '*' if r is chosen[m] else ''
       lines.append(f'| {m}{star} | {lr:g} | {cell} | {", ".join(f"{a:.3f}" for a in acc)} | '
                    f'{", ".join(str(int(e)) for e in r["epochs_run"])} | '
                    f'{np.nanmax(r["max_dtheta_deg"]):.2f} | {np.nanmax(r["max_dphi"]):.3g} |')
@@ -301,15 +237,15 @@ def _predict_grid(r, grid):
   return np.asarray(jax.nn.sigmoid(logits))[:, 0]
 
 
-def plot(runs, protocol, data, workdir):
+def plot(runs, chosen, data, workdir):
   """trajectories.png (Fig. 3 a-h), angle_change.png (i), decision_boundaries.png (j-m); seed 0.
 
   `runs`: lr -> method -> run (one row of trajectories per rate, the angle
-  changes at every rate); `protocol`: method -> run at its protocol rate.
+  changes at every rate); `chosen`: method -> run at its protocol rate.
   """
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  methods = list(protocol)
+  methods = list(chosen)
   rates = sorted(runs)
   x_all = np.concatenate([data['x_train'], data['x_test']])
   y_all = np.concatenate([data['y_train'], data['y_test']])[:, 0]
@@ -374,7 +310,7 @@ def plot(runs, protocol, data, workdir):
   grid = np.stack([gx.ravel(), gy.ravel()], 1).astype(data['x_train'].dtype)
   fig, axes = plt.subplots(1, len(methods), figsize=(3.9 * len(methods), 4.1), squeeze=False)
   for ax, m in zip(axes[0], methods):
-    r = protocol[m]
+    r = chosen[m]
     prob = _predict_grid(r, grid).reshape(gx.shape)
     ax.contourf(gx, gy, prob, levels=np.linspace(0, 1, 11), cmap='RdBu_r', alpha=0.35)
     ax.contour(gx, gy, prob, levels=[0.5], colors='k', linewidths=2.5)
@@ -395,132 +331,126 @@ def plot(runs, protocol, data, workdir):
   plt.close(fig)
 
 
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs the study of `config` (`experiments/configs/banana_2d.py`) and writes its files.
+
+  Every method trains at its protocol rate (`lr_gmp` for GmP, `lr_others`
+  otherwise: accuracy, Fig. 3 j-m); with `compare_rates` also at the other one,
+  so that trajectories (a-h) and angle changes (i) compare all methods at both.
+  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
+  Returns `{'summary': results.json, 'runs': lr -> method -> run, 'results':
+  method -> run at its protocol rate, 'data': the split}`.
+  """
+  validate.check_config(config)
+  validate.check_data(config)
+  methods = models.check_methods(validate.split_names(config.methods))
+  x_all, y_all = load_banana(config.data_dir, config.download)
+  with jax.enable_x64(config.float64):
+    return _run(config, workdir, methods, x_all, y_all)
+
+
+def _run(c, workdir, methods, x_all, y_all):
+  dtype = np.float64 if c.float64 else np.float32
+  os.makedirs(workdir, exist_ok=True)
+  data = make_data(x_all, y_all, c.seed, c.num_points, dtype)
+  keys = jax.random.split(jax.random.key(c.seed), c.num_seeds)
+  rates = sorted({c.lr_gmp, c.lr_others}) if c.compare_rates else []
+  runs: dict[float, dict[str, Any]] = {}
+  t_start = time.perf_counter()
+  for m in methods:
+    for lr in rates or [learning_rate(m, c.lr_gmp, c.lr_others)]:
+      logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, c.num_seeds,
+                   c.num_epochs)
+      r = train(m, data, keys, c.num_epochs, c.batch_size, lr, c.plateau_patience,
+                c.stop_patience, c.hidden, c.gmp_glorot_scale, dtype)
+      r['lr'] = lr
+      runs.setdefault(lr, {})[m] = r
+      print(f'[banana_2d] {m} lr {lr:g}: test accuracy {np.mean(r["test_acc"]):.4f}, max angle '
+            f'change {np.nanmax(r["max_dtheta_deg"]):.2f} deg ({r["seconds"]:.1f} s incl. '
+            'compile)', flush=True)
+  chosen = {m: runs[learning_rate(m, c.lr_gmp, c.lr_others)][m] for m in methods}
+  large = runs.get(max(c.lr_gmp, c.lr_others)) if c.compare_rates else None
+  table = summarize(runs, chosen)
+  per_rate = lambda fn: {f'{lr:g}': {m: fn(r) for m, r in by_m.items()}
+                         for lr, by_m in runs.items()}
+  n = c.num_seeds
+  summary = {
+      'test_accuracy': {m: float(np.mean(r['test_acc'])) for m, r in chosen.items()},
+      'test_accuracy_se': {m: float(np.std(r['test_acc'], ddof=1) / np.sqrt(n)) if n > 1 else None
+                           for m, r in chosen.items()},
+      'per_seed': {m: r['test_acc'].tolist() for m, r in chosen.items()},
+      'train_accuracy': {m: float(np.mean(r['train_acc'])) for m, r in chosen.items()},
+      'epochs_run': {m: r['epochs_run'].tolist() for m, r in chosen.items()},
+      'max_angle_change_deg': {m: float(np.nanmax(r['max_dtheta_deg'])) for m, r in chosen.items()},
+      'max_location_change': {m: float(np.nanmax(r['max_dphi'])) for m, r in chosen.items()},
+      'final_locations_seed0': {m: r['final_phi'][0].tolist() for m, r in chosen.items()},
+      'by_learning_rate': {
+          'test_accuracy': per_rate(lambda r: float(np.mean(r['test_acc']))),
+          'max_angle_change_deg': per_rate(lambda r: float(np.nanmax(r['max_dtheta_deg']))),
+          'max_angle_change_deg_per_seed': per_rate(
+              lambda r: np.nanmax(r['max_dtheta_deg'], axis=1).tolist()),
+          'steps_with_angle_change_over_90_deg': per_rate(
+              lambda r: int(np.nansum(r['max_dtheta_deg'] > 90))),
+          'median_angle_change_deg': per_rate(lambda r: float(np.nanmedian(r['max_dtheta_deg']))),
+          'max_location_change': per_rate(lambda r: float(np.nanmax(r['max_dphi']))),
+          'epochs_run': per_rate(lambda r: r['epochs_run'].tolist()),
+      },
+      'claims': check_claims(chosen, large, max(c.lr_gmp, c.lr_others)),
+      'config': dict(c.to_dict(), methods=list(methods),
+                     validation='held-out 20% (also the test set, as in the reference code)'),
+      'wall_seconds': time.perf_counter() - t_start,
+  }
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(summary, f, indent=2)
+  with open(os.path.join(workdir, 'results.csv'), 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['method', 'lr', 'protocol_rate', 'seed_index', 'test_accuracy',
+                     'train_accuracy', 'epochs_run', 'max_angle_change_deg',
+                     'max_location_change'])
+    for lr, by_m in sorted(runs.items()):
+      for m, r in by_m.items():
+        for i in range(n):
+          writer.writerow([m, lr, r is chosen[m], i, float(r['test_acc'][i]),
+                           float(r['train_acc'][i]), int(r['epochs_run'][i]),
+                           float(np.nanmax(r['max_dtheta_deg'][i])),
+                           float(np.nanmax(r['max_dphi'][i]))])
+  with open(os.path.join(workdir, 'results.md'), 'w') as f:
+    f.write(table + '\n')
+  if c.plots:
+    plot(runs, chosen, data, workdir)
+  print(table)
+  for claim, verdict in summary['claims'].items():
+    print(f'[banana_2d] paper claim: {claim}: {verdict}')
+  figures = ', trajectories.png, angle_change.png, decision_boundaries.png' if c.plots else ''
+  print(f'[banana_2d] wrote results.json, results.csv, results.md{figures} to {workdir} '
+        f'in {summary["wall_seconds"]:.1f} s')
+  return {'summary': summary, 'runs': runs, 'results': chosen, 'data': data}
+
+
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'banana_2d.py')
+
+
 def run_study(workdir: str, methods, data_dir: str | None = None, epochs: int = 5000,
               batch_size: int = 128, seed: int = 0, num_seeds: int = 5, float64: bool = True,
               lr_gmp: float = 0.1, lr_others: float = 0.01, plateau_patience: int = 50,
               stop_patience: int = 100, num_points: int = 1000, hidden: int = 10,
               gmp_glorot_scale: bool = True, compare_rates: bool = True,
               make_plots: bool = True, download: bool = False) -> dict[str, Any]:
-  """Runs the study and writes its files; callable from notebooks and tests.
+  """`run` with the config's fields as arguments (notebooks); `methods` a sequence of names.
 
-  Every method trains at its protocol rate (`lr_gmp` for GmP, `lr_others`
-  otherwise: accuracy, Fig. 3 j-m); with `compare_rates` also at the other one,
-  so that trajectories (a-h) and angle changes (i) compare all methods at both.
-  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
-  `download=True` fetches a missing banana.csv into the cache (`load_banana`).
+  A bad setting raises `ValueError` (`experiments.configs.validate.ConfigError`).
   """
-  methods = models.check_methods(methods)
-  if min(epochs, batch_size, num_seeds, hidden) < 1:
-    raise ValueError(f'epochs, batch_size, num_seeds and hidden must be >= 1, got {epochs}, '
-                     f'{batch_size}, {num_seeds}, {hidden}.')
-  if batch_size > num_points - num_points // 5:
-    raise ValueError(f'batch_size={batch_size} exceeds the {num_points - num_points // 5} '
-                     f'training points of num_points={num_points}.')
-  x_all, y_all = load_banana(data_dir, download)
-  rates = sorted({lr_gmp, lr_others}) if compare_rates else []
-  with jax.enable_x64(float64):
-    dtype = np.float64 if float64 else np.float32
-    os.makedirs(workdir, exist_ok=True)
-    data = make_data(x_all, y_all, seed, num_points, dtype)
-    keys = jax.random.split(jax.random.key(seed), num_seeds)
-    runs: dict[float, dict[str, Any]] = {}
-    t_start = time.perf_counter()
-    for m in methods:
-      for lr in rates or [learning_rate(m, lr_gmp, lr_others)]:
-        logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, num_seeds, epochs)
-        r = train(m, data, keys, epochs, batch_size, lr, plateau_patience, stop_patience,
-                  hidden, gmp_glorot_scale, dtype)
-        r['lr'] = lr
-        runs.setdefault(lr, {})[m] = r
-        print(f'[banana_2d] {m} lr {lr:g}: test accuracy {np.mean(r["test_acc"]):.4f}, max angle '
-              f'change {np.nanmax(r["max_dtheta_deg"]):.2f} deg ({r["seconds"]:.1f} s incl. '
-              'compile)', flush=True)
-    protocol = {m: runs[learning_rate(m, lr_gmp, lr_others)][m] for m in methods}
-    large = runs.get(max(lr_gmp, lr_others)) if compare_rates else None
-    table = summarize(runs, protocol)
-    per_rate = lambda fn: {f'{lr:g}': {m: fn(r) for m, r in by_m.items()}
-                           for lr, by_m in runs.items()}
-    summary = {
-        'test_accuracy': {m: float(np.mean(r['test_acc'])) for m, r in protocol.items()},
-        'test_accuracy_se': {m: float(np.std(r['test_acc'], ddof=1) / np.sqrt(num_seeds))
-                             if num_seeds > 1 else None for m, r in protocol.items()},
-        'per_seed': {m: r['test_acc'].tolist() for m, r in protocol.items()},
-        'train_accuracy': {m: float(np.mean(r['train_acc'])) for m, r in protocol.items()},
-        'epochs_run': {m: r['epochs_run'].tolist() for m, r in protocol.items()},
-        'max_angle_change_deg': {m: float(np.nanmax(r['max_dtheta_deg']))
-                                 for m, r in protocol.items()},
-        'max_location_change': {m: float(np.nanmax(r['max_dphi'])) for m, r in protocol.items()},
-        'final_locations_seed0': {m: r['final_phi'][0].tolist() for m, r in protocol.items()},
-        'by_learning_rate': {
-            'test_accuracy': per_rate(lambda r: float(np.mean(r['test_acc']))),
-            'max_angle_change_deg': per_rate(lambda r: float(np.nanmax(r['max_dtheta_deg']))),
-            'max_angle_change_deg_per_seed': per_rate(
-                lambda r: np.nanmax(r['max_dtheta_deg'], axis=1).tolist()),
-            'steps_with_angle_change_over_90_deg': per_rate(
-                lambda r: int(np.nansum(r['max_dtheta_deg'] > 90))),
-            'median_angle_change_deg': per_rate(lambda r: float(np.nanmedian(r['max_dtheta_deg']))),
-            'max_location_change': per_rate(lambda r: float(np.nanmax(r['max_dphi']))),
-            'epochs_run': per_rate(lambda r: r['epochs_run'].tolist()),
-        },
-        'claims': check_claims(protocol, large, max(lr_gmp, lr_others)),
-        'config': dict(methods=list(methods), epochs=epochs, batch_size=batch_size, seed=seed,
-                       num_seeds=num_seeds, float64=float64, lr_gmp=lr_gmp, lr_others=lr_others,
-                       plateau_patience=plateau_patience, stop_patience=stop_patience,
-                       num_points=num_points, hidden=hidden, gmp_glorot_scale=gmp_glorot_scale,
-                       compare_rates=compare_rates,
-                       validation='held-out 20% (also the test set, as in the reference code)'),
-        'wall_seconds': time.perf_counter() - t_start,
-    }
-    with open(os.path.join(workdir, 'results.json'), 'w') as f:
-      json.dump(summary, f, indent=2)
-    with open(os.path.join(workdir, 'results.csv'), 'w', newline='') as f:
-      writer = csv.writer(f)
-      writer.writerow(['method', 'lr', 'protocol_rate', 'seed_index', 'test_accuracy',
-                       'train_accuracy', 'epochs_run', 'max_angle_change_deg',
-                       'max_location_change'])
-      for lr, by_m in sorted(runs.items()):
-        for m, r in by_m.items():
-          for i in range(num_seeds):
-            writer.writerow([m, lr, r is protocol[m], i, float(r['test_acc'][i]),
-                             float(r['train_acc'][i]), int(r['epochs_run'][i]),
-                             float(np.nanmax(r['max_dtheta_deg'][i])),
-                             float(np.nanmax(r['max_dphi'][i]))])
-    with open(os.path.join(workdir, 'results.md'), 'w') as f:
-      f.write(table + '\n')
-    if make_plots:
-      plot(runs, protocol, data, workdir)
-  print(table)
-  for claim, verdict in summary['claims'].items():
-    print(f'[banana_2d] paper claim: {claim}: {verdict}')
-  figures = ', trajectories.png, angle_change.png, decision_boundaries.png' if make_plots else ''
-  print(f'[banana_2d] wrote results.json, results.csv, results.md{figures} to {workdir} '
-        f'in {summary["wall_seconds"]:.1f} s')
-  return {'summary': summary, 'runs': runs, 'results': protocol, 'data': data}
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS.workdir:
-    raise app.UsageError('--workdir is required (a directory for results and figures).')
-  try:
-    models.check_methods(FLAGS.methods)
-    load_banana(FLAGS.data_dir, FLAGS.download)
-    _run_from_flags()
-  except (ValueError, download_lib.DownloadError) as e:
-    raise app.UsageError(str(e)) from e
-
-
-def _run_from_flags():
-  run_study(FLAGS.workdir, FLAGS.methods, data_dir=FLAGS.data_dir, epochs=FLAGS.epochs,
-            batch_size=FLAGS.batch_size, seed=FLAGS.seed, num_seeds=FLAGS.num_seeds,
-            float64=FLAGS.float64, lr_gmp=FLAGS.lr_gmp, lr_others=FLAGS.lr_others,
-            plateau_patience=FLAGS.plateau_patience, stop_patience=FLAGS.stop_patience,
-            num_points=FLAGS.num_points, hidden=FLAGS.hidden,
-            gmp_glorot_scale=FLAGS.gmp_glorot_scale, compare_rates=FLAGS.compare_rates,
-            download=FLAGS.download)
+  from experiments.configs import banana_2d as banana_config  # pylint: disable=g-import-not-at-top
+  config = banana_config.get_config()
+  config.update(methods=','.join(methods), data_dir=data_dir, num_epochs=epochs,
+                batch_size=batch_size, seed=seed, num_seeds=num_seeds, float64=float64,
+                lr_gmp=lr_gmp, lr_others=lr_others, plateau_patience=plateau_patience,
+                stop_patience=stop_patience, num_points=num_points, hidden=hidden,
+                gmp_glorot_scale=gmp_glorot_scale, compare_rates=compare_rates, plots=make_plots,
+                download=download)
+  return run(config, workdir)
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  from experiments import main as _main  # pylint: disable=g-import-not-at-top
+  _main.cli(CONFIG_FILE)

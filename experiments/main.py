@@ -9,8 +9,8 @@ r"""Runs a study from a config file and a workdir: `python -m experiments.main`.
 `config.study` names the study (`experiments.configs.validate.STUDIES`; the
 vision configs have no such field and run `experiments.train.train_and_evaluate`);
 each study module has a `run(config, workdir)`. Every field, the `--config.x=`
-overrides included, and the workdir are checked before any work
-(`experiments/configs/validate.py`): a bad setting is one line on stderr, exit
+overrides included, the study's data file (unless `download`) and the workdir
+are checked before any work (`experiments/configs/validate.py`): a bad setting is one line on stderr, exit
 status 2, and no workdir is created.
 
 Several hosts (vision studies): the same command on every host plus
@@ -46,6 +46,7 @@ flags.DEFINE_bool('distributed_auto', False, 'jax.distributed.initialize() with 
 STUDY_RUNNERS = {
   'train': ('experiments.train', 'train_and_evaluate'),
   'levy_1d': ('experiments.levy_1d', 'run'),
+  'banana_2d': ('experiments.banana_2d', 'run'),
 }
 EXIT_BAD_SETTING = 2
 
@@ -120,6 +121,7 @@ def parse_flags(argv):
       ) from None
     del fields
     validate.check_config(FLAGS.config)
+    validate.check_data(FLAGS.config)
     validate.check_workdir(FLAGS.workdir, FLAGS.config.get('study', 'train'))
   except validate.ConfigError as e:
     print(f'{prog}: {e}', file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The Banana study: data protocol, a tiny end-to-end run, and the CLI."""
+"""The Banana study: data protocol, the smoke config through experiments.main (its table equal
+to the one the study gave before it moved onto experiments.protocol), a tiny run, the shim."""
 
 import json
 import os
@@ -77,20 +78,64 @@ def test_tiny_run_end_to_end(tmp_path):
   np.testing.assert_allclose(r['final_phi'][0], phi, rtol=1e-12)
 
 
+# `results.md` of the `:smoke` config (150 epochs, 2 seeds, patience 10/20, both rates, float64),
+# produced by the study before it moved onto experiments.protocol (commit 50c0029,
+# `python -m experiments.banana_2d --workdir=/tmp/banana_old --epochs=150 --num_seeds=2
+# --plateau_patience=10 --stop_patience=20`, 2026-11-24). The port must give it to the printed
+# digits.
+EXPECTED_SMOKE_TABLE = """\
+| method | lr | test accuracy (mean +- s.e.) | per seed | epochs run | max_t max_i abs(dtheta) (deg) | max_t max_i abs(dphi) |
+| --- | --- | --- | --- | --- | --- | --- |
+| sp* | 0.01 | 0.7900 +- 0.0400 | 0.830, 0.750 | 74, 48 | 4.83 | 0.107 |
+| sp | 0.1 | 0.8750 +- 0.0000 | 0.875, 0.875 | 44, 41 | 93.55 | 3.43 |
+| wn* | 0.01 | 0.8125 +- 0.0425 | 0.855, 0.770 | 105, 63 | 1.06 | 0.0169 |
+| wn | 0.1 | 0.8800 +- 0.0050 | 0.885, 0.875 | 48, 64 | 8.66 | 0.264 |
+| bn* | 0.01 | 0.8150 +- 0.0250 | 0.840, 0.790 | 99, 71 | 5.67 | 0.0721 |
+| bn | 0.1 | 0.8450 +- 0.0550 | 0.900, 0.790 | 71, 70 | 39.87 | 0.512 |
+| gmp | 0.01 | 0.7975 +- 0.0425 | 0.840, 0.755 | 71, 55 | 0.84 | 0.0155 |
+| gmp* | 0.1 | **0.8450 +- 0.0400** | 0.805, 0.885 | 41, 50 | 6.10 | 0.108 |
+
+`*`: the protocol rate of the method (lr 0.1 GmP, 0.01 others by default).
+"""
+
+
 @needs_data
-def test_cli(tmp_path):
+def test_smoke_config_runs_through_main_and_gives_the_stored_table(tmp_path):
+  """~20 s on 2 cores: 4 methods x 2 rates, each stopping early (plateau and restore-best)."""
   workdir = tmp_path / 'banana'
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.banana_2d', f'--data_dir={DATA_DIR}',
-       f'--workdir={workdir}', '--epochs=2', '--num_seeds=1', '--methods=sp',
-       '--num_points=100', '--batch_size=32', '--compare_rates=false'],
+      [sys.executable, '-m', 'experiments.main',
+       '--config=experiments/configs/banana_2d.py:smoke', f'--workdir={workdir}',
+       f'--config.data_dir={DATA_DIR}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (workdir / 'results.md').read_text() == EXPECTED_SMOKE_TABLE
+  assert EXPECTED_SMOKE_TABLE in proc.stdout and 'paper claim' in proc.stdout
+  assert json.loads((workdir / 'config.json').read_text())['study'] == 'banana_2d'
+  summary = json.loads((workdir / 'results.json').read_text())
+  assert set(summary['by_learning_rate']['test_accuracy']) == {'0.01', '0.1'}
+  assert any('highest test accuracy' in k for k in summary['claims'])
+  for name in ('results.csv', 'trajectories.png', 'angle_change.png', 'decision_boundaries.png'):
+    assert (workdir / name).stat().st_size > 0, name
+
+
+@needs_data
+def test_shim_and_refused_settings(tmp_path):
+  """`python -m experiments.banana_2d` is `experiments.main` with the Banana config."""
+  workdir = tmp_path / 'banana'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.banana_2d', f'--config.data_dir={DATA_DIR}',
+       f'--workdir={workdir}', '--config.num_epochs=2', '--config.num_seeds=1',
+       '--config.methods=sp', '--config.num_points=100', '--config.batch_size=32',
+       '--config.compare_rates=False'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert '| sp* |' in proc.stdout and 'paper claim' in proc.stdout
   assert json.loads((workdir / 'results.json').read_text())['epochs_run']['sp'] == [2]
   bad = subprocess.run(
-      [sys.executable, '-m', 'experiments.banana_2d', f'--data_dir={tmp_path}',
-       f'--workdir={workdir}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert bad.returncode != 0 and 'banana.csv' in bad.stderr
-  with pytest.raises(ValueError, match='batch_size=128 exceeds the 80'):
-    banana_2d.run_study(str(workdir), ['sp'], data_dir=DATA_DIR, num_points=100)
+      [sys.executable, '-m', 'experiments.banana_2d', f'--config.data_dir={tmp_path}',
+       f'--workdir={tmp_path / "new"}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2 and bad.stderr.count('\n') == 1, bad.stderr
+  assert 'banana.csv not found' in bad.stderr and not (tmp_path / 'new').exists()
+  with pytest.raises(ValueError, match='must leave at least batch_size=128 training points'):
+    banana_2d.run_study(str(tmp_path / 'new'), ['sp'], data_dir=DATA_DIR, num_points=100)
+  assert not (tmp_path / 'new').exists()

@@ -15,6 +15,7 @@ from experiments.configs import validate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVY = '--config=experiments/configs/levy_1d.py:smoke'
 CNN = '--config=experiments/configs/cifar10_cnn.py:smoke'
+BANANA = '--config=experiments/configs/banana_2d.py:smoke'
 
 # (arguments, what the one line says).
 BAD_SETTINGS = [
@@ -49,6 +50,12 @@ BAD_SETTINGS = [
   ([CNN, '--config.monitor=eval_acc'], '--config.monitor=eval_acc: must be one of eval_loss'),
   (['--config=experiments/configs/cifar10_cnn.py:method=foo'],
    "--config.method=foo: must be one of sp, wn"),
+  ([BANANA, '--config.download=True', '--config.num_points=100'],
+   '--config.num_points=100: must leave at least batch_size=128 training points (80% of '
+   'num_points).'),
+  # Data the study reads: missing and no download allowed.
+  ([BANANA, '--config.data_dir=/nonexistent'], "--config.data_dir=/nonexistent: banana.csv not "
+                                               "found (--config.data_dir='/nonexistent')."),
   # Layer specs.
   ([CNN, "--config.layers=(16,'X')"], "--config.layers=(16, 'X'): must be a tuple of conv "
                                       "widths (ints >= 1) and 'M'"),

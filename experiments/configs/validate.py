@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 # Studies `experiments.main` dispatches to (`config.study`; vision configs have no such field).
-STUDIES = ('train', 'levy_1d')
+STUDIES = ('train', 'levy_1d', 'banana_2d')
 OPTIMIZERS = ('sgd', 'adam')
 LR_SCHEDULES = ('plateau', 'decay', 'constant')
 AUGMENTS = ('none', 'flip', 'flip_crop', 'imagenet')
@@ -155,6 +155,14 @@ def mesh_shape(v, config):
     raise _Bad('must be (data,) or (data, model), entries >= 1 and at most one -1')
 
 
+def num_points(v, config):
+  """Banana points (>= 10), 80% of them for training: at least one batch of `batch_size`."""
+  integer(10)(v, config)
+  batch = config.get('batch_size', 1)
+  if _is_int(batch) and batch > v - v // 5:
+    raise _Bad(f'must leave at least batch_size={batch} training points (80% of num_points)')
+
+
 def layer_spec(v, config):
   """Conv widths (ints >= 1) and 'M' (2x2 max pool): `--config.layers="(16,'M',32)"`."""
   del config
@@ -214,6 +222,7 @@ RULES: dict[str, Callable] = {
   'eval_resize': AT_LEAST_ONE,
   'num_workers': AT_LEAST_ONE,
   'prefetch': AT_LEAST_ONE,
+  'num_points': num_points,
   # Model.
   'model': choice(_models),
   'layers': layer_spec,
@@ -249,6 +258,7 @@ RULES: dict[str, Callable] = {
   'num_seeds': AT_LEAST_ONE,
   'float64': boolean,
   'plots': boolean,
+  'compare_rates': boolean,
   'mesh_shape': mesh_shape,
   'log_every': AT_LEAST_ONE,
   # Patterns.
@@ -312,7 +322,28 @@ def check_config(config) -> None:
     try:
       check(value, config)
     except _Bad as e:
-      raise ConfigError(f'--config.{name}={_show(value)}: {e}.') from None
+      raise ConfigError(f'--config.{name}={_show(value)}: {str(e).rstrip(".")}.') from None
+
+
+# ---------------------------------------------------------------------------
+# The data a study reads (checked after the fields, where the config is read).
+
+# Study -> the data file (relative to the data directory) it reads.
+DATA_FILES = {'banana_2d': 'banana.csv'}
+
+
+def check_data(config) -> None:
+  """Raises `ConfigError` when the study's data is neither in `data_dir` nor allowed to download.
+
+  `data_dir` None means `$GEOPARAM_DATA_DIR`; nothing is fetched here.
+  """
+  needed = DATA_FILES.get(config.get('study'))
+  if needed and not config.get('download', False):
+    from experiments import download  # pylint: disable=g-import-not-at-top (stdlib only)
+    try:
+      download.find(needed, config.get('data_dir'), flag='--config.data_dir', error=_Bad)
+    except _Bad as e:
+      raise ConfigError(f'--config.data_dir={config.get("data_dir")}: {e}') from None
 
 
 # ---------------------------------------------------------------------------
