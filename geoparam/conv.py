@@ -4,16 +4,44 @@ Each of them validates its input the same way, builds a kernel of shape
 `(*kernel_size, in_features // groups, features)` from its own parameters, and
 runs `nn.Conv` with that kernel, so padding, strides, dilation, groups and batch
 dimensions are exactly `nn.Conv`'s.
+
+`imn_bias` is IMN for convolutions without a pass over the activations (used by
+`GmPConv` and `geoparam.GmP(nn.Conv)`): the conv is linear, so
+`conv(x - mu) = conv(x) - conv(mu * 1)`, and the second term is the same conv
+of one constant image.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
+import math
 import numbers
+import threading
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+_bypass = threading.local()
+
+
+@contextlib.contextmanager
+def bypass() -> Iterator[None]:
+  """Marks the layer calls inside as the library's own: whole-model interceptors step aside."""
+  _bypass.active = getattr(_bypass, 'active', 0) + 1
+  try:
+    yield
+  finally:
+    _bypass.active -= 1
+
+
+def bypassed() -> bool:
+  """True inside `bypass()` (while the library runs a layer of its own)."""
+  return getattr(_bypass, 'active', 0) > 0
 
 
 def kernel_shape(layer: str, kernel_size: tuple[int, ...], inputs_shape: tuple[int, ...],
@@ -39,20 +67,124 @@ def kernel_shape(layer: str, kernel_size: tuple[int, ...], inputs_shape: tuple[i
   return tuple(kernel_size) + (in_features // groups, features)
 
 
-def apply(module: Any, params: dict[str, jax.Array], inputs: jax.Array) -> jax.Array:
-  """Runs `nn.Conv` with `module`'s conv fields and the given `kernel` (and optional `bias`)."""
-  kernel = params['kernel']
-  conv = nn.Conv(
-      features=kernel.shape[-1],
-      kernel_size=tuple(kernel.shape[:-2]),
+def layer_of(module: Any, kernel_shape: tuple[int, ...], use_bias: bool = False) -> nn.Conv:
+  """The unbound `nn.Conv` with `module`'s conv fields for a kernel of `kernel_shape`."""
+  return nn.Conv(
+      features=kernel_shape[-1],
+      kernel_size=tuple(kernel_shape[:-2]),
       strides=module.strides,
       padding=module.padding,
       input_dilation=module.input_dilation,
       kernel_dilation=module.kernel_dilation,
       feature_group_count=module.feature_group_count,
-      use_bias='bias' in params,
+      use_bias=use_bias,
       dtype=module.dtype,
       param_dtype=module.param_dtype,
       precision=module.precision,
       parent=None)
-  return conv.apply({'params': params}, jnp.asarray(inputs))
+
+
+def apply(module: Any, params: dict[str, jax.Array], inputs: jax.Array) -> jax.Array:
+  """Runs `nn.Conv` with `module`'s conv fields and the given `kernel` (and optional `bias`)."""
+  conv = layer_of(module, params['kernel'].shape, 'bias' in params)
+  with bypass():
+    return conv.apply({'params': params}, jnp.asarray(inputs))
+
+
+def _hashable(value):
+  if isinstance(value, (list, tuple)):
+    return tuple(_hashable(v) for v in value)
+  if isinstance(value, np.ndarray):
+    return _hashable(value.tolist())
+  return value
+
+
+_TAP_MASKS: dict[Any, np.ndarray] = {}
+
+
+def tap_mask(layer: nn.Conv, spatial_in: tuple[int, ...]) -> np.ndarray:
+  """What each kernel tap sees of a constant image of ones: `(*spatial_out, taps)`, float32.
+
+  `mask[p, t]` is the value that tap `t` (kernel positions in C order) of output
+  position `p` reads from the layer's padded and input-dilated image of ones:
+  1 inside the image, 0 on padded zeros and on zeros inserted by input dilation,
+  1 on wrapped or reflected pixels. Found by running the layer itself (its
+  padding, strides, dilations; one channel, one one-hot kernel per tap), so it
+  is Flax's semantics by construction; concrete (computed at trace time, cached).
+  """
+  kernel_size = layer.kernel_size
+  kernel_size = (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(
+      kernel_size)
+  spatial_in = tuple(int(s) for s in spatial_in)
+  key = (type(layer), kernel_size, spatial_in) + tuple(
+      _hashable(getattr(layer, f)) for f in (
+          'strides', 'padding', 'input_dilation', 'kernel_dilation', 'conv_general_dilated',
+          'conv_general_dilated_cls'))
+  try:
+    cached = _TAP_MASKS.get(key)
+  except TypeError:  # an unhashable field: compute every time
+    key, cached = None, None
+  if cached is not None:
+    return cached
+  taps = math.prod(kernel_size)
+  # kernel_init: flax checks a given param's shape against its initializer's.
+  probe = layer.clone(parent=None, name=None, features=taps, kernel_size=kernel_size,
+                      feature_group_count=1, use_bias=False, mask=None, dtype=jnp.float32,
+                      param_dtype=jnp.float32, precision=lax.Precision.HIGHEST,
+                      kernel_init=nn.initializers.zeros)
+  eye = np.eye(taps, dtype=np.float32).reshape(kernel_size + (1, taps))
+  ones = np.ones((1,) + spatial_in + (1,), np.float32)
+  with jax.ensure_compile_time_eval(), bypass():
+    mask = np.array(probe.apply({'params': {'kernel': eye}}, ones)[0])
+  if key is not None and len(_TAP_MASKS) < 4096:
+    _TAP_MASKS[key] = mask
+  return mask
+
+
+def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
+             inputs_shape: tuple[int, ...]) -> jax.Array:
+  """`conv(mean * 1)`: what IMN subtracts from `conv(x)`, so `conv(x - mean) = conv(x) - this`.
+
+  The conv of one constant image, exact at padded borders (for every padding,
+  stride, dilation and group count), computed from the per-tap products
+  `w_t^T mean` and `tap_mask` in `(*spatial_out) * taps * features` multiply-adds,
+  not a pass over the activations.
+
+  Args:
+    layer: the `nn.Conv` (its fields; its `mask` field, if any, applies to `kernel`).
+    kernel: `(*kernel_size, in_features // groups, features)`, as the layer uses it.
+    mean: `(in_features,)`, the mean subtracted from every input position.
+    inputs_shape: the shape of the layer's input `(*batch, *spatial_in, in_features)`.
+
+  Returns:
+    `(features,)` when every output position sees a full window of the image (no
+    zero padded or inserted: 'VALID', 'CIRCULAR', 'REFLECT', zero pads, 1x1
+    'SAME'), i.e. `w^T mean` to fold into the bias like a dense layer's; else
+    `(*spatial_out, features)`, broadcasting against the conv's output. In the
+    dtype of `kernel` and `mean` promoted, float32 at least.
+
+  A 3x3 'SAME' conv of ones: a corner window holds 4 pixels, an edge one 6, the interior 9.
+
+    >>> import jax.numpy as jnp, flax.linen as nn, geoparam
+    >>> b = geoparam.conv.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)), jnp.ones(1),
+    ...                            (8, 4, 4, 1))
+    >>> b.shape, b[..., 0].tolist()[:2]
+    ((4, 4, 1), [[4.0, 6.0, 6.0, 4.0], [6.0, 9.0, 9.0, 6.0]])
+    >>> geoparam.conv.imn_bias(nn.Conv(1, (3, 3), padding='CIRCULAR'), jnp.ones((3, 3, 1, 1)),
+    ...                        jnp.ones(1), (8, 4, 4, 1))  # no zeros padded: one bias
+    Array([9.], dtype=float32)
+  """
+  num_spatial = kernel.ndim - 2
+  taps, group_in, features = math.prod(kernel.shape[:-2]), kernel.shape[-2], kernel.shape[-1]
+  groups = mean.shape[-1] // group_in
+  dtype = jnp.promote_types(jnp.promote_types(kernel.dtype, mean.dtype), jnp.float32)
+  if layer.mask is not None:
+    kernel = kernel * jnp.asarray(layer.mask, kernel.dtype)
+  # per_tap[t, f] = sum_c kernel[t, c, f] * mean[group(f) * group_in + c]
+  k = kernel.astype(dtype).reshape(taps, group_in, groups, features // groups)
+  per_tap = jnp.einsum('tcgh,gc->tgh', k, mean.astype(dtype).reshape(groups, group_in),
+                       precision=layer.precision).reshape(taps, features)
+  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1]))
+  if np.all(mask == 1):
+    return per_tap.sum(0)
+  return jnp.tensordot(mask.astype(dtype), per_tap, axes=1, precision=layer.precision)

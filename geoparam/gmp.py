@@ -3,8 +3,11 @@
 A GmP unit computes `scale * act(u(theta)^T x + lam)`: `u(theta)` is the unit
 direction of eq. (10), `lam` the signed distance of the activation boundary
 from the origin and `scale` the paper's `r`. With `input_mean_norm=True` the
-input is centred first (IMN, eq. 16; GmPDense folds the mean into the bias,
-`lam - u^T mu`; running mean in `batch_stats/input_mean_norm/mean`).
+input is centred first (IMN, eq. 16), never by a pass over it: GmPDense folds
+the mean into the bias, `lam - u^T mu`; GmPConv subtracts `conv(mu * 1)`, the
+conv of one constant image (`conv.imn_bias`: `(features,)`, or per output
+position where zeros are padded, exact at the borders). Running mean in
+`batch_stats/input_mean_norm/mean`.
 
 Parameters (collection `params`):
   theta: `(fan_in - 1, features)`, fan-in first like a Flax kernel.
@@ -298,11 +301,13 @@ class GmPConv(_GmPBase):
     shape = conv.kernel_shape('GmPConv', tuple(self.kernel_size), inputs.shape, self.features,
                               self.feature_group_count)
     mean = self._input_mean(inputs, use_running_average)
-    if mean is not None:
-      # Explicit subtraction: with zero padding, folding the mean into the bias would
-      # also subtract it at padded positions, which IMN does not.
-      inputs = inputs - mean.astype(inputs.dtype)
     kernel, lam, scale = self._params(math.prod(shape[:-1]))
-    z = conv.apply(self, {'kernel': kernel.reshape(shape)}, inputs)
+    kernel = kernel.reshape(shape)
+    if mean is not None:
+      # IMN without a pass over x: conv(x - mu) = conv(x) - conv(mu * 1), the second term
+      # (F,) or, where zeros are padded, per position (*spatial_out, F); see conv.imn_bias.
+      imn = conv.imn_bias(conv.layer_of(self, shape), kernel, mean, inputs.shape)
+      lam = (lam - imn).astype(lam.dtype)
+    z = conv.apply(self, {'kernel': kernel}, inputs)
     _, lam, scale = nn.dtypes.promote_dtype(z, lam, scale, dtype=self.dtype)
     return self._finish(z, lam, scale)

@@ -22,9 +22,11 @@ homogeneity, identical gradients), and for ANY activation it is an exact
 reparameterization of `(kernel, bias)`, so trained weights convert exactly.
 
 With `input_mean_norm=True` (IMN, GmP only) the mean of the layer's input is
-subtracted: folded into the bias for dense layers (`lam - u^T mu`, no pass over
-the activations), subtracted from the input for convolutions (so padded borders
-see zeros, as IMN defines). Running mean in `batch_stats/.../input_mean_norm/mean`.
+subtracted without a pass over the activations: folded into the bias for dense
+layers (`lam - u^T mu`); for convolutions `conv(x - mu) = conv(x) - conv(mu * 1)`
+(`geoparam.conv.imn_bias`), a bias per output position where zeros are padded, so
+padded borders see zeros, as IMN defines. Running mean in
+`batch_stats/.../input_mean_norm/mean`.
 
 The same functions serve the whole-model transform (`geoparam.transform`), which
 creates these variables at the original layer's path.
@@ -36,7 +38,6 @@ from collections.abc import Callable
 import dataclasses
 import math
 import numbers
-import threading
 
 import flax.linen as nn
 from flax.core import meta
@@ -167,25 +168,19 @@ def _check_features(name, layer):
     raise ValueError(f'{name} needs features >= 1 (an integer), got {layer.features!r}.')
 
 
-_bypass = threading.local()
-
-
 def run_layer(layer: nn.Module, kernel: jax.Array, bias: jax.Array | None, inputs):
   """Runs `layer` (its fields only) with the given `kernel` and optional `bias`."""
   params = {'kernel': kernel}
   if bias is not None:
     params['bias'] = bias
   layer = layer.clone(parent=None, name=None, use_bias=bias is not None)
-  _bypass.active = getattr(_bypass, 'active', 0) + 1  # the transform's interceptor steps aside
-  try:
+  with conv.bypass():  # the transform's interceptor steps aside
     return layer.apply({'params': params}, inputs)
-  finally:
-    _bypass.active -= 1
 
 
 def bypassed() -> bool:
   """True while `run_layer` runs a layer (whole-model interceptors must pass it through)."""
-  return getattr(_bypass, 'active', 0) > 0
+  return conv.bypassed()
 
 
 # ----------------------------------------------------------------------------- initializers
@@ -293,13 +288,8 @@ def gmp_call(holder, cfg, layer, inputs, use_running_average=None):
   dtype = layer.param_dtype
   mean = None
   if cfg.input_mean_norm:
-    if isinstance(layer, nn.Conv):
-      mean = _input_mean(holder, cfg, inputs, (inputs.ndim - 1,), use_running_average)
-      inputs = inputs - mean.astype(inputs.dtype)  # exact at zero-padded borders
-      mean = None
-    else:
-      mean = _input_mean(holder, cfg, inputs, contract_axes(layer, inputs.ndim),
-                         use_running_average)
+    mean = _input_mean(holder, cfg, inputs, contract_axes(layer, inputs.ndim),
+                       use_running_average)
   if holder.has_variable('params', 'theta'):
     inits = (None,) * 4  # never called: the params exist
   else:
@@ -308,9 +298,17 @@ def gmp_call(holder, cfg, layer, inputs, use_running_average=None):
                                 lam_init=inits[1], scale_init=inits[2], sign_init=inits[3])
   dtype = lam.dtype  # the stored params' dtype: the layer sees what its own params would be
   lam, scale = lam.astype(u.dtype), scale.astype(u.dtype)  # float32 at least until the cast
+  kernel = (u * scale).reshape(kernel_shape).astype(dtype)
+  if mean is not None and isinstance(layer, nn.Conv):
+    # conv(x - mu) = conv(x) - conv(mu * 1): (F,) or per output position (*spatial_out, F)
+    # where zeros are padded (exact at the borders); no pass over the activations.
+    bias = scale * lam - conv.imn_bias(layer, kernel, mean, inputs.shape)
+    if bias.ndim > 1:
+      y = run_layer(layer, kernel, None, inputs)
+      return y + bias.astype(dtype).astype(y.dtype)
+    return run_layer(layer, kernel, bias.astype(dtype), inputs)
   if mean is not None:
     lam = imn_fold(lam, u, mean, layer.precision)
-  kernel = (u * scale).reshape(kernel_shape).astype(dtype)
   return run_layer(layer, kernel, (scale * lam).astype(dtype), inputs)
 
 

@@ -60,3 +60,151 @@ def test_conv_imn_subtracts_before_padding():
     plain = geoparam.GmPConv(4, (3, 3), padding='SAME', param_dtype=jnp.float64)
     ref = plain.apply({'params': v['params']}, x - x.mean(axis=(0, 1, 2)))
     np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- conv IMN (issue 17)
+# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.conv.imn_bias`), never a pass over x: equal to
+# the explicit subtraction for every padding (zeros padded or not), stride, dilation, group count
+# and number of spatial dims, in training (batch mean, its gradient into x) and evaluation.
+
+IMN_CONV_CASES = [
+    dict(kernel_size=(3,), padding='SAME'),
+    dict(kernel_size=(4,), padding='CAUSAL', kernel_dilation=2),
+    dict(kernel_size=(3, 3), padding='SAME'),
+    dict(kernel_size=(3, 3), padding='SAME', strides=2),
+    dict(kernel_size=(2, 3), padding='SAME', strides=(2, 1), kernel_dilation=(1, 2)),
+    dict(kernel_size=(3, 3), padding='VALID', strides=2),
+    dict(kernel_size=(3, 2), padding='CIRCULAR', kernel_dilation=2),
+    dict(kernel_size=(3, 3), padding='CIRCULAR', strides=2),
+    dict(kernel_size=(3, 3), padding='REFLECT'),
+    dict(kernel_size=(2, 2), padding=((1, 0), (2, 1)), feature_group_count=2),
+    dict(kernel_size=(3, 3), padding=((0, 0), (0, 0))),
+    dict(kernel_size=(3, 3), padding=1, strides=(1, 2), feature_group_count=2),
+    dict(kernel_size=(3, 3), padding=((1, 1), (0, 2)), input_dilation=(1, 2)),
+    dict(kernel_size=(3, 3), padding=((0, 0), (0, 0)), input_dilation=2),
+    dict(kernel_size=(1, 1), padding='SAME', strides=2),
+    dict(kernel_size=(2, 2, 2), padding='SAME'),
+    dict(kernel_size=(3, 1, 2), padding='VALID', strides=(1, 2, 1), feature_group_count=2),
+]
+# Whether zeros reach some window (padded or inserted), i.e. the subtracted term is per position.
+IMN_CONV_PER_POSITION = [True, True, True, True, True, False, False, False, False, True, False,
+                         True, True, True, False, True, False]
+
+
+class _ExplicitConv(nn.Module):
+  """Reference: InputMeanNorm (explicit x - mean), then GmPConv without IMN."""
+  case: dict
+
+  @nn.compact
+  def __call__(self, x, use_running_average):
+    x = geoparam.InputMeanNorm(name='imn')(x, use_running_average=use_running_average)
+    return geoparam.GmPConv(4, param_dtype=jnp.float64, name='gmp', **self.case)(x)
+
+
+def _conv_input(case, key=0):
+  nd = len(case['kernel_size'])
+  return jax.random.normal(jax.random.key(key), (3,) + (7, 6, 5)[:nd] + (4,), jnp.float64) * 2 + 3
+
+
+def _outputs_and_grads(apply, params, x, train):
+  """Output, updated batch_stats (training) and gradients w.r.t. params and x of sum(out * w)."""
+  def f(p, x):
+    if train:
+      y, upd = apply(p, x, mutable=['batch_stats'])
+    else:
+      y, upd = apply(p, x), None
+    return y, upd
+  y, upd = f(params, x)
+  w = jax.random.normal(jax.random.key(9), y.shape, y.dtype)  # a cotangent with no symmetry
+  grads = jax.grad(lambda p, x: jnp.sum(f(p, x)[0] * w), argnums=(0, 1))(params, x)
+  return y, upd, grads
+
+
+@pytest.mark.parametrize('i', range(len(IMN_CONV_CASES)))
+def test_conv_imn_equals_explicit_subtraction(x64, i):
+  case = IMN_CONV_CASES[i]
+  x = _conv_input(case)
+  folded = geoparam.GmPConv(4, input_mean_norm=True, param_dtype=jnp.float64, **case)
+  v = folded.init(jax.random.key(1), x, use_running_average=False)
+  v = jax.tree.map(lambda a: a + 0.3, v)  # nonzero lam and a nonzero running mean
+  ve = {'params': {'gmp': v['params']},
+        'batch_stats': {'imn': {'mean': v['batch_stats']['input_mean_norm']['mean']}}}
+  for train in (True, False):
+    ya, sa, (gpa, gxa) = _outputs_and_grads(
+        lambda p, x, **k: folded.apply({**v, 'params': p}, x, use_running_average=not train, **k),
+        v['params'], x, train)
+    yb, sb, (gpb, gxb) = _outputs_and_grads(
+        lambda p, x, **k: _ExplicitConv(case).apply({**ve, 'params': {'gmp': p}}, x,
+                                                    use_running_average=not train, **k),
+        v['params'], x, train)
+    np.testing.assert_allclose(ya, yb, rtol=1e-11, atol=1e-11)
+    for name in ('theta', 'lam', 'scale'):
+      np.testing.assert_allclose(gpa[name], gpb[name], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gxa, gxb, rtol=1e-10, atol=1e-10)
+    if train:  # the running mean moves exactly as InputMeanNorm's
+      np.testing.assert_array_equal(sa['batch_stats']['input_mean_norm']['mean'],
+                                    sb['batch_stats']['imn']['mean'])
+      assert not np.allclose(sa['batch_stats']['input_mean_norm']['mean'],
+                             v['batch_stats']['input_mean_norm']['mean'])
+
+
+@pytest.mark.parametrize('i', range(len(IMN_CONV_CASES)))
+def test_wrapper_conv_imn_equals_explicit_subtraction(x64, i):
+  """GmP(nn.Conv, input_mean_norm=True) == nn.Conv(kernel = scale u, bias = scale lam)(x - mean)."""
+  case = IMN_CONV_CASES[i]
+  x = _conv_input(case, key=3)
+  layer = nn.Conv(4, param_dtype=jnp.float64, **case)
+  wrapped = geoparam.GmP(layer, input_mean_norm=True)
+  v = wrapped.init(jax.random.key(1), x, use_running_average=False)
+  v = jax.tree.map(lambda a: a + 0.3, v)
+  running = v['batch_stats']['input_mean_norm']['mean']
+
+  def explicit(p, x, train):
+    mean = x.mean(axis=tuple(range(x.ndim - 1))) if train else running
+    kernel = (geoparam.gmp_kernel(p['theta']) * p['scale']).reshape(
+        tuple(case['kernel_size']) + (4 // case.get('feature_group_count', 1), 4))
+    return layer.apply({'params': {'kernel': kernel, 'bias': p['scale'] * p['lam']}}, x - mean)
+
+  for train in (True, False):
+    kw = dict(use_running_average=not train)
+    ya, upd, (gpa, gxa) = _outputs_and_grads(
+        lambda p, x, **k: wrapped.apply({**v, 'params': p}, x, **kw, **k), v['params'], x, train)
+    yb, _, (gpb, gxb) = _outputs_and_grads(lambda p, x: explicit(p, x, train), v['params'], x,
+                                            False)
+    np.testing.assert_allclose(ya, yb, rtol=1e-11, atol=1e-11)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10), gpa, gpb)
+    np.testing.assert_allclose(gxa, gxb, rtol=1e-10, atol=1e-10)
+    if train:
+      mean = x.mean(axis=tuple(range(x.ndim - 1)))
+      np.testing.assert_allclose(upd['batch_stats']['input_mean_norm']['mean'],
+                                 0.99 * running + 0.01 * mean, rtol=1e-14)
+
+
+@pytest.mark.parametrize('i', range(len(IMN_CONV_CASES)))
+def test_imn_bias_is_per_position_exactly_where_zeros_are_padded(x64, i):
+  case = IMN_CONV_CASES[i]
+  x = _conv_input(case)
+  layer = nn.Conv(4, param_dtype=jnp.float64, **case)
+  kernel = jax.random.normal(jax.random.key(2), geoparam.wrappers.layer_kernel_shape(
+      layer, x.shape), jnp.float64)
+  mean = jnp.arange(1.0, 5.0)
+  bias = geoparam.conv.imn_bias(layer, kernel, mean, x.shape)
+  # conv of the constant image itself (batch 1), the definition.
+  want = layer.apply({'params': {'kernel': kernel, 'bias': jnp.zeros(4)}},
+                     jnp.broadcast_to(mean, (1,) + x.shape[1:]))[0]
+  assert bias.ndim == (want.ndim if IMN_CONV_PER_POSITION[i] else 1)
+  np.testing.assert_allclose(jnp.broadcast_to(bias, want.shape), want, rtol=1e-13, atol=1e-13)
+
+
+def test_conv_imn_makes_no_pass_over_the_activations():
+  """No elementwise op on an input-shaped array: the conv reads x, the batch mean reduces it."""
+  x = jnp.ones((2, 6, 6, 3))
+  for layer in (geoparam.GmPConv(4, (3, 3), input_mean_norm=True),
+                geoparam.GmP(nn.Conv(4, (3, 3)), input_mean_norm=True)):
+    v = layer.init(jax.random.key(0), x, use_running_average=False)
+    for train in (True, False):
+      jaxpr = jax.make_jaxpr(lambda v, x: layer.apply(
+          v, x, use_running_average=not train, mutable=['batch_stats']))(v, x)
+      shaped = [e.primitive.name for e in jaxpr.eqns
+                if any(getattr(o.aval, 'shape', None) == x.shape for o in e.outvars)]
+      assert shaped == [], shaped  # before issue 17: ['sub'] (x - mean)
