@@ -1,6 +1,7 @@
 r"""Train-step cost of geoparam layers against the plain Flax layer, measured in the same run.
 
-  python -m benchmarks.layers [--cases=gmp_dense_b1024,map] [--repeats=10] [--out=FILE.json]
+  python -m benchmarks.layers [--cases=gmp_dense_b1024,map] [--repeats=10] [--dtype=bfloat16] \
+      [--out=FILE.json]
 
 For each case: median train-step time (forward, backward, SGD-momentum update
 on the squared error to a fixed random target; jitted, donated, after warm-up)
@@ -13,7 +14,11 @@ theta -> u map (forward + backward) against `sin`/`cos` of the same array, its
 floor, computed with `geoparam.hyperspherical.sincos` (and, for reference, with
 `jnp.sin`/`jnp.cos`), and the CPU map's three row-by-row scans with no sin/cos
 in them, its loop floor (`map` at (1023, 1024); `map_4608x512` at GmPConv 512c's
-theta). `--tiny` shrinks every shape (the test suite runs that).
+theta). `--dtype` is the computation dtype of the layer AND its baseline (inputs in
+it, params float32, the map in float32 whatever it is; the loss in float32). The
+`gmp_imn_conv_*` cases time GmPConv with IMN against GmPConv without it (IMN's
+own cost), `gmp_imn_wrap_conv_*` the same through `geoparam.GmP(nn.Conv)`.
+`--tiny` shrinks every shape (the test suite runs that).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import geoparam
 from geoparam import hyperspherical
 
 FLAGS = flags.FLAGS
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 def define_flags():
@@ -45,14 +51,16 @@ def define_flags():
   flags.DEFINE_integer('repeats', 10, 'Timed steps per layer (median reported).')
   flags.DEFINE_bool('tiny', False, 'Tiny shapes (smoke test of the benchmark itself).')
   flags.DEFINE_string('out', None, 'Write the results as JSON to this file.')
+  flags.DEFINE_enum('dtype', 'float32', list(DTYPES),
+                    'Computation dtype of the layers and their baselines (params stay float32).')
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
   """A layer, its baseline and the input shape; `baseline_of` names another case's layer."""
   name: str
-  make: Callable[[bool], nn.Module]  # tiny -> module
-  baseline: Callable[[bool], nn.Module]
+  make: Callable[[bool, Any], nn.Module]  # (tiny, dtype) -> module
+  baseline: Callable[[bool, Any], nn.Module]
   shape: Callable[[bool], tuple[int, ...]]
   target: float
   needs_stats: bool = False
@@ -72,8 +80,9 @@ class _Stats(nn.Module):
 
 def _dense_case(name, batch, target, make, baseline=None):
   return Case(
-      name, make=lambda tiny: make(16 if tiny else 1024),
-      baseline=baseline or (lambda tiny: _relu_after(nn.Dense(16 if tiny else 1024))),
+      name, make=lambda tiny, dtype: make(16 if tiny else 1024, dtype),
+      baseline=baseline or (
+          lambda tiny, dtype: _relu_after(nn.Dense(16 if tiny else 1024, dtype=dtype))),
       shape=lambda tiny: (8, 16) if tiny else (batch, 1024), target=target)
 
 
@@ -81,30 +90,46 @@ def _conv_shape(channels, spatial):
   return lambda tiny: (2, 6, 6, 4) if tiny else (64, spatial, spatial, channels)
 
 
-def _conv_case(name, channels, spatial, make, target):
+def _conv_case(name, channels, spatial, make, target, baseline=None):
   return Case(
-      name, make=lambda tiny: make(4 if tiny else channels),
-      baseline=lambda tiny: _relu_after(nn.Conv(4 if tiny else channels, (3, 3))),
+      name, make=lambda tiny, dtype: make(4 if tiny else channels, dtype),
+      baseline=lambda tiny, dtype: (baseline or (lambda f, dt: _relu_after(
+          nn.Conv(f, (3, 3), dtype=dt))))(4 if tiny else channels, dtype),
       shape=_conv_shape(channels, spatial), target=target)
 
 
+CONV_SHAPES = ((128, 32), (256, 16), (512, 8))
 CASES = [
-    _dense_case('gmp_dense_b256', 256, 2.5, lambda f: geoparam.GmPDense(f)),
-    _dense_case('gmp_dense_b1024', 1024, 1.5, lambda f: geoparam.GmPDense(f)),
+    _dense_case('gmp_dense_b256', 256, 2.5, lambda f, dt: geoparam.GmPDense(f, dtype=dt)),
+    _dense_case('gmp_dense_b1024', 1024, 1.5, lambda f, dt: geoparam.GmPDense(f, dtype=dt)),
     _dense_case('gmp_imn_dense_b1024', 1024, 1.05,
-                lambda f: _Stats(geoparam.GmPDense(f, input_mean_norm=True)),
-                baseline=lambda tiny: geoparam.GmPDense(16 if tiny else 1024)),
+                lambda f, dt: _Stats(geoparam.GmPDense(f, input_mean_norm=True, dtype=dt)),
+                baseline=lambda tiny, dt: geoparam.GmPDense(16 if tiny else 1024, dtype=dt)),
     _dense_case('lcw_dense_b1024', 1024, 1.10,
-                lambda f: _relu_after(geoparam.LCWDense(f))),
+                lambda f, dt: _relu_after(geoparam.LCWDense(f, dtype=dt))),
     _dense_case('wn_dense_b1024', 1024, float('nan'),
-                lambda f: _relu_after(nn.WeightNorm(nn.Dense(f)))),
+                lambda f, dt: _relu_after(nn.WeightNorm(nn.Dense(f, dtype=dt)))),
 ] + [
-    _conv_case(f'gmp_conv_{c}c_{s}px', c, s, lambda f: geoparam.GmPConv(f, (3, 3)), 1.10)
-    for c, s in ((128, 32), (256, 16), (512, 8))
+    _conv_case(f'gmp_conv_{c}c_{s}px', c, s,
+               lambda f, dt: geoparam.GmPConv(f, (3, 3), dtype=dt), 1.10)
+    for c, s in CONV_SHAPES
+] + [
+    # IMN's own cost: GmPConv with IMN (training mode) against GmPConv without it.
+    _conv_case(f'gmp_imn_conv_{c}c_{s}px', c, s,
+               lambda f, dt: _Stats(geoparam.GmPConv(f, (3, 3), input_mean_norm=True, dtype=dt)),
+               1.02, baseline=lambda f, dt: geoparam.GmPConv(f, (3, 3), dtype=dt))
+    for c, s in CONV_SHAPES
+] + [
+    _conv_case(f'gmp_imn_wrap_conv_{c}c_{s}px', c, s,
+               lambda f, dt: _relu_after(_Stats(geoparam.GmP(nn.Conv(f, (3, 3), dtype=dt),
+                                                             input_mean_norm=True))),
+               1.02, baseline=lambda f, dt: _relu_after(geoparam.GmP(nn.Conv(f, (3, 3),
+                                                                              dtype=dt))))
+    for c, s in CONV_SHAPES[:1]
 ] + [
     _conv_case(f'lcw_conv_{c}c_{s}px', c, s,
-               lambda f: _relu_after(geoparam.LCWConv(f, (3, 3))), 1.10)
-    for c, s in ((128, 32), (256, 16), (512, 8))
+               lambda f, dt: _relu_after(geoparam.LCWConv(f, (3, 3), dtype=dt)), 1.10)
+    for c, s in CONV_SHAPES
 ]
 # The map alone at the Dense shape and at GmPConv 512c's theta (fan-in 3 * 3 * 512 = 4608).
 MAP_SHAPES = {'map': (1024, 1024), 'map_4608x512': (4608, 512)}
@@ -124,7 +149,7 @@ def _train_step(model: nn.Module, x: jax.Array):
   variables = model.init(jax.random.key(0), x)
   mutable = [k for k in variables if k != 'params']
   out = jax.eval_shape(lambda v, x: model.apply(v, x, mutable=mutable)[0], variables, x)
-  batch = (x, jax.random.normal(jax.random.key(2), out.shape, out.dtype))
+  batch = (x, jax.random.normal(jax.random.key(2), out.shape, jnp.float32))
   params = variables['params']
   others = {k: v for k, v in variables.items() if k != 'params'}
   opt = optax.sgd(1e-3, momentum=0.9)
@@ -134,7 +159,7 @@ def _train_step(model: nn.Module, x: jax.Array):
 
     def loss(p):
       y, upd = model.apply({'params': p, **others}, x, mutable=list(others))
-      return jnp.mean(jnp.square(y - target)), upd
+      return jnp.mean(jnp.square(y.astype(jnp.float32) - target)), upd
 
     (_, upd), grads = jax.value_and_grad(loss, has_aux=True)(params)
     updates, opt_state = opt.update(grads, opt_state, params)
@@ -194,12 +219,14 @@ class _Stepper:
     jax.block_until_ready(self.state)
 
 
-def run_case(case: Case, tiny: bool, repeats: int) -> dict[str, Any]:
-  x = jax.random.normal(jax.random.key(1), case.shape(tiny), jnp.float32)
-  row = {'case': case.name, 'shape': list(x.shape), 'target_ratio': case.target}
+def run_case(case: Case, tiny: bool, repeats: int, dtype: str = 'float32') -> dict[str, Any]:
+  """Times `case` (layer and baseline in computation dtype `dtype`, inputs in it)."""
+  dt = DTYPES[dtype]
+  x = jax.random.normal(jax.random.key(1), case.shape(tiny), jnp.float32).astype(dt)
+  row = {'case': case.name, 'shape': list(x.shape), 'dtype': dtype, 'target_ratio': case.target}
   steppers = []
   for role, make in (('layer', case.make), ('baseline', case.baseline)):
-    step, state, batch, compile_s, mem = _train_step(make(tiny), x)
+    step, state, batch, compile_s, mem = _train_step(make(tiny, dt), x)
     steppers.append(_Stepper(step, state, batch))
     row[f'{role}_compile_s'] = compile_s
     row[f'{role}_bytes'] = mem
@@ -264,38 +291,46 @@ def run_map(tiny: bool, repeats: int, name: str = 'map') -> dict[str, Any]:
   return row
 
 
-def run(cases=(), tiny=False, repeats=10, out=None) -> list[dict[str, Any]]:
-  """Runs the chosen cases (all by default), prints a table, optionally writes JSON."""
+def run(cases=(), tiny=False, repeats=10, out=None, dtype='float32') -> list[dict[str, Any]]:
+  """Runs the chosen cases (all by default), prints a table, optionally writes JSON.
+
+  `dtype` (`'float32'` or `'bfloat16'`) is the computation dtype of every layer
+  case and its baseline; the map cases always run in float32.
+  """
   unknown = [c for c in cases if c not in CASE_NAMES]
   if unknown:
     raise ValueError(f'unknown cases {unknown}; accepted: {", ".join(CASE_NAMES)}.')
+  if dtype not in DTYPES:
+    raise ValueError(f'unknown dtype {dtype!r}; accepted: {", ".join(DTYPES)}.')
   chosen = list(cases) or CASE_NAMES
   device = jax.devices()[0]
   print(f'# backend={jax.default_backend()} device={device.device_kind} '
-        f'jax={jax.__version__} host={platform.node()} tiny={tiny} repeats={repeats}', flush=True)
-  print(f'{"case":24s} {"layer ms":>9s} {"base ms":>9s} {"ratio":>6s} {"target":>6s} '
+        f'jax={jax.__version__} host={platform.node()} tiny={tiny} repeats={repeats} '
+        f'dtype={dtype}', flush=True)
+  print(f'{"case":28s} {"layer ms":>9s} {"base ms":>9s} {"ratio":>6s} {"target":>6s} '
         f'{"compile s":>9s} {"mem ratio":>9s}', flush=True)
   rows = []
   for name in chosen:
     if name in MAP_SHAPES:
       row = run_map(tiny, repeats, name)
     else:
-      row = run_case(next(c for c in CASES if c.name == name), tiny, repeats)
+      row = run_case(next(c for c in CASES if c.name == name), tiny, repeats, dtype)
     rows.append(row)
     mem = row.get('memory_ratio')
-    print(f'{row["case"]:24s} {row["layer_ms"]:9.3f} {row["baseline_ms"]:9.3f} '
+    print(f'{row["case"]:28s} {row["layer_ms"]:9.3f} {row["baseline_ms"]:9.3f} '
           f'{row["ratio"]:6.2f} {row["target_ratio"]:6.2f} '
           f'{row.get("layer_compile_s", float("nan")):9.2f} '
           f'{mem if mem is not None else float("nan"):9.2f}', flush=True)
     if name in MAP_SHAPES:
-      print(f'{"":24s} (vs jnp.sin/jnp.cos: {row["jnp_floor_ms"]:.3f} ms, ratio '
+      print(f'{"":28s} (vs jnp.sin/jnp.cos: {row["jnp_floor_ms"]:.3f} ms, ratio '
             f'{row["ratio_to_jnp_floor"]:.2f}; three bare scans {row["bare_scans_ms"]:.3f} ms, '
             f'{row["bare_scans_to_floor"]:.2f}x the floor; plain cumprod map '
             f'{row["cumprod_ms"]:.3f} ms)', flush=True)
   if out:
     with open(out, 'w') as f:
       json.dump({'backend': jax.default_backend(), 'device': device.device_kind,
-                 'jax': jax.__version__, 'tiny': tiny, 'repeats': repeats, 'rows': rows}, f,
+                 'jax': jax.__version__, 'tiny': tiny, 'repeats': repeats, 'dtype': dtype,
+                 'rows': rows}, f,
                 indent=2)
   return rows
 
@@ -304,7 +339,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   try:
-    run(FLAGS.cases, FLAGS.tiny, FLAGS.repeats, FLAGS.out)
+    run(FLAGS.cases, FLAGS.tiny, FLAGS.repeats, FLAGS.out, FLAGS.dtype)
   except ValueError as e:
     raise app.UsageError(str(e)) from e
 

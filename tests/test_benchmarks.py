@@ -24,6 +24,29 @@ def test_benchmark_runs_on_tiny_shapes_and_writes_json(tmp_path):
   assert saved['tiny'] is True and len(saved['rows']) == len(cases)
 
 
+def test_benchmark_runs_in_bfloat16_with_float32_params(tmp_path):
+  out = tmp_path / 'bench.json'
+  cases = ['gmp_dense_b1024', 'gmp_imn_conv_256c_16px', 'gmp_imn_wrap_conv_128c_32px']
+  rows = layers.run(cases, tiny=True, repeats=1, out=str(out), dtype='bfloat16')
+  assert [r['case'] for r in rows] == cases and all(r['dtype'] == 'bfloat16' for r in rows)
+  assert json.loads(out.read_text())['dtype'] == 'bfloat16'
+  with pytest.raises(ValueError, match='accepted: float32, bfloat16'):
+    layers.run(cases, tiny=True, repeats=1, dtype='float16')
+
+
+def test_vision_throughput_runs_on_a_tiny_model_in_bfloat16(tmp_path):
+  from benchmarks import vision_throughput
+  out = tmp_path / 'vgg6.json'
+  (row,) = vision_throughput.run(['vgg6'], tiny=True, repeats=1, out=str(out), dtype='bfloat16',
+                                 image=12)
+  assert row['dtype'] == 'bfloat16' and row['image'] == [12, 12, 3]
+  assert row['bn_images_per_s'] > 0 and row['gmp_imn_images_per_s'] > 0 and row['ratio'] > 0
+  assert row['bn_compile_s'] > 0 and row['compile_ratio'] > 0
+  assert json.loads(out.read_text())['dtype'] == 'bfloat16'
+  with pytest.raises(ValueError, match='accepted: float32, bfloat16'):
+    vision_throughput.run(['vgg6'], tiny=True, dtype='float16')
+
+
 def test_every_case_name_is_listed_and_unknown_names_fail():
   assert len(set(layers.CASE_NAMES)) == len(layers.CASE_NAMES)
   with pytest.raises(ValueError, match='accepted'):
