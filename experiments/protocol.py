@@ -98,7 +98,8 @@ def _split(variables):
 def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable, members,
         optimizer: Callable = optax.adam, evaluate: Callable | None = None,
         hook: Callable | None = None, finalize: Callable | None = None,
-        trainable: Any = None) -> dict[str, Any]:
+        trainable: Any = None, block: int | None = None,
+        chunk: int | None = None) -> dict[str, Any]:
   """Trains every member of `members` under the Keras protocol; one compiled call.
 
   Args:
@@ -124,14 +125,25 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
     trainable: None (all params train), or a pytree of Python bools with the
       structure of the params (or a function `params -> such a pytree`):
       params marked False keep their initial values.
+    block: None (one `lax.scan` over all epochs), or epochs per `lax.scan` block
+      inside a `lax.while_loop` that ends once every member (of the chunk) has
+      stopped: the same results with less work when members stop early. The
+      logs of epochs that did not run then repeat the last computed epoch's
+      (with `active` False), and `track` repeats the last recorded state.
+    chunk: None (all members in one `vmap`), or members per vmapped chunk (a
+      divisor of `M`): the chunks run one after another (`lax.map`), which keeps
+      a chunk's activations in cache and, with `block`, lets a chunk whose
+      members have all stopped end its loop.
 
   Returns:
     A dict of arrays with a leading member axis `M`: `variables` (final),
     `logs` (per epoch `(M, num_epochs)`: `loss`, `evaluate`'s metrics, `lr` the
     rate the epoch used, `active` whether the epoch ran), `epochs_run`,
     `stopped`, `best_epoch` (0-based, -1 if none improved), `best` (best
-    monitored value), `final_lr`; `track` (`(M, steps + 1, ...)`, index 0 the
-    initial state) with a `hook`; `final` with a `finalize`.
+    monitored value), `final_lr`, `epochs_computed` (epochs the member's loop
+    ran, masked ones included: `num_epochs` without `block`); `track`
+    (`(M, steps + 1, ...)`, index 0 the initial state) with a `hook`; `final`
+    with a `finalize`.
   """
   plateau, stopper = protocol.schedules()
   lr = protocol.learning_rate
@@ -165,7 +177,8 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
                  stop=stopper.init(), best=(params, others))
 
     def epoch(carry, t):
-      active = ~carry['stop'].stop  # Keras: the epoch that triggers the stop still runs.
+      # Keras: the epoch that triggers the stop still runs.
+      active = ~carry['stop'].stop & (t < protocol.num_epochs)
       state, outs = carry['state'], []
       for group in batches(member, t):
         state, out = jax.lax.scan(lambda s, b: step(s, b, member, active), state, group)
@@ -185,7 +198,11 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
       logs.update(lr=carry['plateau'].lr, active=active)
       return new, (logs, out.get('track'))
 
-    carry, (logs, track) = jax.lax.scan(epoch, carry, jnp.arange(protocol.num_epochs))
+    if block is None:
+      carry, (logs, track) = jax.lax.scan(epoch, carry, jnp.arange(protocol.num_epochs))
+      computed = jnp.asarray(protocol.num_epochs, jnp.int32)
+    else:
+      carry, (logs, track), computed = _blocks(epoch, carry, protocol.num_epochs, block)
     current = carry['state'][:2]
     if protocol.restore_best:
       current = jax.tree.map(lambda b, c: jnp.where(carry['stop'].stop, b, c),
@@ -194,7 +211,7 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
     stop = carry['stop']
     result = dict(variables=final, logs=logs, epochs_run=jnp.sum(logs['active']),
                   stopped=stop.stop, best_epoch=stop.best_epoch, best=stop.best,
-                  final_lr=carry['plateau'].lr)
+                  final_lr=carry['plateau'].lr, epochs_computed=computed)
     if hook is not None:
       first = hook(variables, member)
       # (epochs, steps per epoch, ...) -> (epochs * steps + 1, ...), index 0 the initial state.
@@ -204,4 +221,56 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
       result['final'] = finalize(variables, final, member)
     return result
 
-  return jax.jit(jax.vmap(run))(members)
+  def run_all(members):
+    size = jax.tree.leaves(members)[0].shape[0]
+    if chunk is None or chunk >= size:
+      return jax.vmap(run)(members)
+    if size % chunk:
+      raise ValueError(f'chunk={chunk} does not divide the {size} members.')
+    split = lambda a: a.reshape((size // chunk, chunk) + a.shape[1:])
+    out = jax.lax.map(jax.vmap(run), jax.tree.map(split, members))
+    return jax.tree.map(lambda a: a.reshape((size,) + a.shape[2:]), out)
+
+  return jax.jit(run_all)(members)
+
+
+def _blocks(epoch: Callable, carry, num_epochs: int, block: int):
+  """`lax.scan(epoch, carry, arange(num_epochs))` as blocks of `block` epochs in a while loop.
+
+  The loop ends at `num_epochs` or once the member has stopped (under `vmap`:
+  once every member has); epochs past the end are masked (`epoch`'s `active`).
+  Outputs of epochs that did not run repeat the last computed epoch's, with
+  `active` False; the per-step outputs (`track`) repeat the last step's.
+  """
+  if not (isinstance(block, int) and block >= 1):
+    raise ValueError(f'block must be an int >= 1, got {block!r}.')
+  length = -(-num_epochs // block) * block
+  shapes = jax.eval_shape(lambda c: jax.lax.scan(epoch, c, jnp.arange(block))[1], carry)
+  buffers = jax.tree.map(lambda a: jnp.zeros((length,) + a.shape[1:], a.dtype), shapes)
+
+  def body(state):
+    t, carry, buffers = state
+    carry, out = jax.lax.scan(epoch, carry, t + jnp.arange(block))
+    buffers = jax.tree.map(lambda b, o: jax.lax.dynamic_update_slice_in_dim(b, o, t, 0),
+                           buffers, out)
+    return t + block, carry, buffers
+
+  def running(state):
+    t, carry, _ = state
+    return (t < num_epochs) & ~carry['stop'].stop
+
+  ran, carry, (logs, track) = jax.lax.while_loop(
+      running, body, (jnp.zeros((), jnp.int32), carry, buffers))
+
+  def repeat_last(a, written):
+    last = jax.lax.dynamic_index_in_dim(a, written - 1, 0, keepdims=False)
+    rows = jnp.arange(a.shape[0]).reshape((-1,) + (1,) * (a.ndim - 1))
+    return jnp.where(rows < written, a, last)
+
+  logs = jax.tree.map(lambda a: repeat_last(a, ran)[:num_epochs], logs)
+  logs['active'] = logs['active'] & (jnp.arange(num_epochs) < ran)
+  if track is not None:
+    track = jax.tree.map(
+        lambda a: repeat_last(a.reshape((-1,) + a.shape[2:]), ran * a.shape[1]).reshape(
+            a.shape)[:num_epochs], track)
+  return carry, (logs, track), jnp.minimum(ran, num_epochs)

@@ -108,8 +108,11 @@ def scripts(mode, num_members):
   return np.stack(out).astype(np.float32)
 
 
-@pytest.mark.parametrize('mode, cooldown, min_delta', [('min', 0, 1e-4), ('max', 2, 0.3)])
-def test_fit_equals_the_keras_reference_per_member(mode, cooldown, min_delta):
+@pytest.mark.parametrize('mode, cooldown, min_delta, block, chunk', [
+    ('min', 0, 1e-4, None, None), ('max', 2, 0.3, None, None),
+    # The while-loop form (blocks of epochs, the last one past num_epochs) and chunked members.
+    ('min', 0, 1e-4, 7, None), ('max', 2, 0.3, 3, 1)])
+def test_fit_equals_the_keras_reference_per_member(mode, cooldown, min_delta, block, chunk):
   p = protocol.Protocol(num_epochs=EPOCHS, learning_rate=0.5, monitor='val', mode=mode,
                         plateau_factor=0.5, plateau_patience=3, plateau_min_delta=min_delta,
                         plateau_cooldown=cooldown, min_lr=0.01, stop_patience=7,
@@ -136,7 +139,8 @@ def test_fit_equals_the_keras_reference_per_member(mode, cooldown, min_delta):
       p, init=init, loss=loss, batches=batches, members=members, optimizer=optax.sgd,
       evaluate=lambda v, m: {'val': m['script'][v['count']['epochs'] - 1]},
       hook=lambda v, m: v['params']['w'], trainable={'w': True, 'frozen': False},
-      finalize=lambda first, last, m: last['params']['w'] - first['params']['w'])
+      finalize=lambda first, last, m: last['params']['w'] - first['params']['w'],
+      block=block, chunk=chunk)
   out = jax.tree.map(np.asarray, out)
   stops = []
   for i in range(len(script)):
@@ -161,6 +165,37 @@ def test_fit_equals_the_keras_reference_per_member(mode, cooldown, min_delta):
   # and the plateau rule cuts the rate.
   assert len(set(stops)) >= 3 and EPOCHS in stops and min(stops) < EPOCHS // 2
   assert np.any(out['logs']['lr'][:, -1] < 0.5)
+
+
+def test_blocks_end_once_every_member_has_stopped():
+  """With `block`, epochs after every member stopped are not computed (the count shows it)."""
+  p = protocol.Protocol(num_epochs=100, learning_rate=0.5, monitor='val', stop_patience=2)
+  members = jnp.array([1, 5, 3])  # member i: val improves until epoch m_i, then stays flat
+
+  def loss(variables, batch, member):
+    del batch, member
+    return 0.0 * variables['params']['w'], {'calls': {'n': variables['calls']['n'] + 1}}
+
+  def run(block, chunk=None):
+    return jax.tree.map(np.asarray, protocol.fit(
+        p, init=lambda m: {'params': {'w': jnp.zeros(())}, 'calls': {'n': jnp.zeros((), int)}},
+        loss=loss, batches=protocol.full_batch(jnp.zeros(1)), members=members,
+        evaluate=lambda v, m: {'val': -jnp.minimum(v['calls']['n'], m).astype(jnp.float32)},
+        hook=lambda v, m: v['calls']['n'], block=block, chunk=chunk))
+
+  full, blocks, chunks = run(None), run(4), run(4, chunk=1)
+  for out in (blocks, chunks):
+    for key in ('epochs_run', 'stopped', 'best_epoch', 'best', 'final_lr'):
+      np.testing.assert_array_equal(out[key], full[key], err_msg=key)
+    np.testing.assert_array_equal(out['logs']['active'], full['logs']['active'])
+    np.testing.assert_array_equal(out['track'], full['track'])  # frozen: the count stays
+  np.testing.assert_array_equal(full['epochs_run'], [3, 7, 5])
+  np.testing.assert_array_equal(full['epochs_computed'], [100, 100, 100])
+  # Blocks of 4: each member's loop ends with the block in which it stopped.
+  np.testing.assert_array_equal(blocks['epochs_computed'], [4, 8, 8])
+  np.testing.assert_array_equal(chunks['epochs_computed'], [4, 8, 8])
+  with pytest.raises(ValueError, match='does not divide'):
+    run(4, chunk=2)
 
 
 def test_restore_best_false_keeps_the_last_weights():
