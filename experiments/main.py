@@ -47,6 +47,7 @@ STUDY_RUNNERS = {
   'train': ('experiments.train', 'train_and_evaluate'),
   'levy_1d': ('experiments.levy_1d', 'run'),
   'banana_2d': ('experiments.banana_2d', 'run'),
+  'uci_regression': ('experiments.uci_regression', 'run'),
 }
 EXIT_BAD_SETTING = 2
 

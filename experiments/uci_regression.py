@@ -15,19 +15,22 @@ Two protocols:
              also the only data the feature statistics come from); the test split
              is used once, at the end.
 
-All splits of one (dataset, method) train together in one compiled call:
-`jax.vmap` over splits inside one jitted `lax.scan` over epochs. A split that
-stops early is frozen by masking. Speed on CPU: the splits are vmapped in
-chunks sized so that their hidden activations stay in cache (all 10 at once for
-the small sets, 2 for `power`); a chunk whose splits have all stopped is
-skipped by `lax.cond`, and the scan runs in blocks of epochs inside a
-`lax.while_loop` that ends once every split has stopped (or at `max_epochs`).
+All splits of one (dataset, method) train together in one compiled call,
+`experiments.protocol.fit` (the Keras protocol shared by the small studies): a
+split that stops early is frozen by masking. Speed on CPU: the splits are
+vmapped in chunks sized so that their hidden activations stay in cache (all 10
+at once for the small sets, 2 for `power`), and the epochs run in blocks inside
+a `lax.while_loop` that ends once every split of the chunk has stopped (or at
+`num_epochs`): `fit`'s `chunk` and `block`.
 
-  python -m experiments.uci_regression --data_dir=../shared/data --protocol=reference \
+  python -m experiments.main --config=experiments/configs/uci_regression.py \
       --workdir=workdir/uci_reference
-  python -m experiments.uci_regression --data_dir=../shared/data --protocol=clean \
-      --workdir=workdir/uci_clean
-  python -m experiments.uci_regression --download --datasets=yacht --workdir=/tmp/uci  # no data
+  python -m experiments.main --config=experiments/configs/uci_regression.py \
+      --workdir=workdir/uci_clean --config.protocol=clean
+  python -m experiments.main --config=experiments/configs/uci_regression.py:smoke \
+      --workdir=/tmp/uci --config.download=True   # no data folder: fetch yacht
+
+(`python -m experiments.uci_regression --workdir=DIR [--config.x=...]` is the same command.)
 
 Writes to `workdir`: `results.json` (a list with one record per dataset, method
 and split: `dataset`, `method`, `split`, `rmse`, epochs run, ...) and `table.md`
@@ -36,46 +39,23 @@ and split: `dataset`, `method`, `split`, `rmse`, epochs run, ...) and `table.md`
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
 from typing import Any
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-import optax
 
-from experiments import download as download_lib
 from experiments import models
+from experiments import protocol as protocol_lib
 from experiments import uci_data
-from geoparam import schedules
-
-FLAGS = flags.FLAGS
+from experiments.configs import validate
 
 
-def define_flags():
-  """Defines the command's flags (only when run as a script, so imports never clash)."""
-  flags.DEFINE_string('data_dir', None,
-                      f'Folder holding uci/ (default: the environment variable {uci_data.ENV_VAR}).')
-  flags.DEFINE_list('datasets', list(uci_data.PAPER_DATASETS), 'UCI datasets (file names in uci/).')
-  flags.DEFINE_bool('download', False, 'Fetch missing UCI files of the six paper datasets from '
-                    'their public source into the cache ($GEOPARAM_CACHE_DIR, ~/.cache/geoparam).')
-  flags.DEFINE_list('methods', ['sp', 'wn', 'bn', 'gmp'], f'Methods, among {models.METHODS}.')
-  flags.DEFINE_integer('num_splits', 10, 'Random 80/20 splits, trained together under vmap.')
-  flags.DEFINE_integer('seed', 0, 'Seed of the splits and the initializations.')
-  flags.DEFINE_string('protocol', 'reference', 'reference (monitor the test split) or clean '
-                      '(monitor a validation part of the training split).')
-  flags.DEFINE_integer('max_epochs', 5000, 'Maximum number of full-batch epochs (paper: 5000).')
-  flags.DEFINE_bool('float64', False, 'Train in float64 as the reference code does (about 2x slower '
-                    'on CPU; float32 by default).')
-  flags.DEFINE_string('workdir', None, 'Directory for results.json and table.md.')
-
-
-PROTOCOLS = ('reference', 'clean')
+PROTOCOLS = validate.UCI_PROTOCOLS
 HIDDEN = 100
 LR_GMP, LR_OTHERS = 0.1, 0.01
 PLATEAU_PATIENCE, STOP_PATIENCE = 50, 100
@@ -100,12 +80,12 @@ PAPER_TABLE3 = {
 
 def check_protocol(protocol: str) -> str:
   if protocol not in PROTOCOLS:
-    raise ValueError(f'--protocol must be one of {", ".join(PROTOCOLS)}, got {protocol!r}.')
+    raise ValueError(f'--config.protocol={protocol}: must be one of {", ".join(PROTOCOLS)}.')
   return protocol
 
 
-def learning_rate(method: str) -> float:
-  return LR_GMP if method.startswith('gmp') else LR_OTHERS
+def learning_rate(method: str, lr_gmp: float = LR_GMP, lr_others: float = LR_OTHERS) -> float:
+  return lr_gmp if method.startswith('gmp') else lr_others
 
 
 def prepare(ds: uci_data.Dataset, protocol: str, num_splits: int, seed: int,
@@ -140,106 +120,41 @@ def train(method: str, data: dict[str, Any], keys: jax.Array, max_epochs: int, l
           chunk_bytes: int = CHUNK_BYTES) -> dict[str, np.ndarray]:
   """Trains `method` on every split of `data` (leading axis) at once; one compiled call.
 
-  `keys[i]` initializes split `i`. Returns per-split arrays: `rmse` (test, with
-  the weights early stopping kept), `monitor_best` (best monitored MSE),
-  `epochs_run`, `best_epoch` (0-based), `final_lr`, `stopped`.
+  `keys[i]` initializes split `i`. One full-batch Adam step per epoch on the MAE,
+  then plateau and early stopping see the monitored MSE (Keras order). Returns
+  per-split arrays: `rmse` (test, with the weights early stopping kept),
+  `monitor_best` (best monitored MSE), `epochs_run`, `best_epoch` (0-based),
+  `final_lr`, `stopped`.
   """
-  run = _compiled_trainer(method, np.dtype(data['x_fit'].dtype).name, max_epochs, lr, hidden,
-                          plateau_patience, stop_patience, block, chunk_bytes)
-  out = run(keys, {k: jnp.asarray(v) for k, v in data.items()})
-  return jax.tree.map(np.asarray, out)
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_trainer(method, dtype, max_epochs, lr, hidden, plateau_patience, stop_patience,
-                      block, chunk_bytes):
-  """The jitted `run(keys, data)` of `train` (cached, so equal settings compile once per shape)."""
   model = models.MLP(hidden=(hidden,), out=1, method=method, gmp_glorot_scale=True,
-                     param_dtype=jnp.dtype(dtype))
-  opt = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-  plateau = schedules.reduce_on_plateau(factor=0.1, patience=plateau_patience, mode='min')
-  stopper = schedules.early_stopping(patience=stop_patience, mode='min')
+                     param_dtype=data['x_fit'].dtype)
+  settings = protocol_lib.Protocol(num_epochs=max_epochs, learning_rate=lr, monitor='mse',
+                                   mode='min', plateau_patience=plateau_patience,
+                                   stop_patience=stop_patience)
 
   def mse(variables, x, y):
     return jnp.mean((model.apply(variables, x, train=False) - y) ** 2)
 
-  def mae_loss(params, others, x, y):
-    pred, updates = model.apply({'params': params, **others}, x, train=True, mutable=list(others))
-    return jnp.mean(jnp.abs(pred - y)), updates
+  def mae(variables, batch, d):
+    del batch
+    pred, updates = model.apply(variables, d['x_fit'], train=True,
+                                mutable=[k for k in variables if k != 'params'])
+    return jnp.mean(jnp.abs(pred - d['y_fit'])), updates
 
-  def init(key, d):
-    variables = model.init(key, d['x_fit'], train=False)
-    params = variables['params']
-    others = {k: v for k, v in variables.items() if k != 'params'}
-    return dict(params=params, others=others, opt=opt.init(params), plateau=plateau.init(lr),
-                stop=stopper.init(), best=(params, others))
-
-  def epoch(state, d, in_budget):
-    """One full-batch Adam step, then the schedules see the monitored MSE (Keras order)."""
-    (_, others), grads = jax.value_and_grad(mae_loss, has_aux=True)(
-        state['params'], state['others'], d['x_fit'], d['y_fit'])
-    # Flax keeps BN running statistics in float32; keep their dtype stable in the carry.
-    others = jax.tree.map(lambda n, o: n.astype(o.dtype), others, state['others'])
-    updates, opt_state = opt.update(grads, state['opt'], state['params'])
-    params = optax.apply_updates(state['params'], updates)
-    monitored = mse({'params': params, **others}, d['x_mon'], d['y_mon'])
-    plateau_state = plateau.update(state['plateau'], monitored)
-    stop_state = stopper.update(state['stop'], monitored)
-    new = dict(params=params, others=others,
-               opt=schedules.set_learning_rate(opt_state, plateau_state.lr),
-               plateau=plateau_state, stop=stop_state,
-               best=schedules.keep_best(stop_state.improved, state['best'], (params, others)))
-    # Keras: the epoch that triggers the stop still runs; afterwards the split is frozen.
-    active = in_budget & ~state['stop'].stop
-    return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, state)
-
-  def finish(state, d):
-    # restore_best_weights: Keras (2.x) restores the best weights when it stops early.
-    params, others = jax.tree.map(lambda b, c: jnp.where(state['stop'].stop, b, c),
-                                  state['best'], (state['params'], state['others']))
-    return dict(rmse=jnp.sqrt(mse({'params': params, **others}, d['x_test'], d['y_test'])),
-                monitor_best=state['stop'].best, epochs_run=state['stop'].epoch,
-                best_epoch=state['stop'].best_epoch, final_lr=state['plateau'].lr,
-                stopped=state['stop'].stop)
-
-  def run(keys, data):
-    num_splits = keys.shape[0]
-    chunk = chunk_size(num_splits, data['x_fit'].shape[1], hidden, data['x_fit'].dtype.itemsize,
-                       chunk_bytes)
-    num_chunks = num_splits // chunk
-    # (num_splits, ...) -> (num_chunks, chunk, ...): the splits of one chunk run under vmap.
-    chunked = lambda tree: jax.tree.map(
-        lambda a: a.reshape((num_chunks, chunk) + a.shape[1:]), tree)
-    state, data = chunked(jax.vmap(init)(keys, data)), chunked(data)
-
-    def chunk_epoch(state, d, in_budget):
-      # A chunk whose splits have all stopped is skipped (a real branch, not a mask).
-      live = in_budget & jnp.any(~state['stop'].stop)
-      return jax.lax.cond(live, lambda s: jax.vmap(epoch, in_axes=(0, 0, None))(s, d, in_budget),
-                          lambda s: s, state)
-
-    def scan_step(carry, _):
-      t, state = carry
-      if num_chunks == 1:
-        state = jax.tree.map(lambda a: a[None], chunk_epoch(
-            jax.tree.map(lambda a: a[0], state), jax.tree.map(lambda a: a[0], data),
-            t < max_epochs))
-      else:
-        state = jax.lax.map(lambda sd: chunk_epoch(*sd, t < max_epochs), (state, data))
-      return (t + 1, state), None
-
-    def running(carry):
-      t, state = carry
-      return (t < max_epochs) & jnp.any(~state['stop'].stop)
-
-    def run_block(carry):
-      return jax.lax.scan(scan_step, carry, None, length=block)[0]
-
-    _, state = jax.lax.while_loop(running, run_block, (jnp.zeros((), jnp.int32), state))
-    flat = lambda tree: jax.tree.map(lambda a: a.reshape((num_splits,) + a.shape[2:]), tree)
-    return jax.vmap(finish)(flat(state), flat(data))
-
-  return jax.jit(run)
+  num_splits, rows = data['x_fit'].shape[:2]
+  out = protocol_lib.fit(
+      settings, init=lambda m: model.init(m['key'], m['data']['x_fit'], train=False),
+      loss=lambda v, b, m: mae(v, b, m['data']),
+      batches=lambda m, t: (jnp.zeros((1, 1)),),  # one full-batch step: the data is the member's
+      members=dict(key=keys, data={k: jnp.asarray(v) for k, v in data.items()}),
+      evaluate=lambda v, m: {'mse': mse(v, m['data']['x_mon'], m['data']['y_mon'])},
+      finalize=lambda first, final, m: jnp.sqrt(mse(final, m['data']['x_test'],
+                                                    m['data']['y_test'])),
+      block=block, chunk=chunk_size(num_splits, rows, hidden, data['x_fit'].dtype.itemsize,
+                                    chunk_bytes))
+  return jax.tree.map(np.asarray, dict(
+      rmse=out['final'], monitor_best=out['best'], epochs_run=out['epochs_run'],
+      best_epoch=out['best_epoch'], final_lr=out['final_lr'], stopped=out['stopped']))
 
 
 def chunk_size(num_splits: int, rows: int, hidden: int, itemsize: int,
@@ -310,63 +225,63 @@ def make_table(records: list[dict[str, Any]], datasets, methods, protocol: str) 
   return '\n'.join(lines)
 
 
-def run_study(workdir: str, datasets=uci_data.PAPER_DATASETS, methods=('sp', 'wn', 'bn', 'gmp'),
-              num_splits: int = 10, seed: int = 0, protocol: str = 'reference',
-              max_epochs: int = 5000, data_dir: str | None = None, float64: bool = False,
-              hidden: int = HIDDEN, download: bool = False) -> dict[str, Any]:
-  """Runs the study, writes `results.json` and `table.md` to `workdir`; usable from notebooks.
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs the study of `config` (`experiments/configs/uci_regression.py`) and writes its files.
 
-  float64 is enabled only inside this call (`jax.enable_x64`), not globally. `download=True`
-  fetches missing data files into the cache (`uci_data.load`).
+  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
+  `download=True` fetches missing data files into the cache (`uci_data.load`).
+  Returns `records` (one dict per dataset, method and split), `summary`,
+  `table`, `wall_seconds`, `cpu_seconds`.
   """
-  check_protocol(protocol)
-  methods = models.check_methods(methods)
-  datasets = uci_data.check_datasets(datasets, data_dir, download)
-  if max_epochs < 1 or num_splits < 1:
-    raise ValueError(
-        f'--max_epochs and --num_splits must be >= 1, got {max_epochs}, {num_splits}.')
-  with jax.enable_x64(float64):
-    return _run_study(workdir, datasets, methods, num_splits, seed, protocol, max_epochs,
-                      data_dir, float64, hidden, download)
+  validate.check_config(config)
+  validate.check_data(config)
+  with jax.enable_x64(config.float64):
+    return _run(config, workdir)
 
 
-def _run_study(workdir, datasets, methods, num_splits, seed, protocol, max_epochs, data_dir,
-               float64, hidden, download=False):
+def _command(config, workdir: str) -> str:
+  """The command line of `config`: the fields that differ from the default config."""
+  from experiments.configs import uci_regression as defaults  # pylint: disable=g-import-not-at-top
+  default = defaults.get_config()
+  fields = ' '.join(f'--config.{k}={v}' for k, v in config.items() if v != default.get(k))
+  return (f'python -m experiments.main --config=experiments/configs/uci_regression.py '
+          f'{fields}{" " if fields else ""}--workdir={workdir}')
+
+
+def _run(c, workdir):
   t_start, cpu_start = time.perf_counter(), time.process_time()
-  dtype = np.float64 if float64 else np.float32
+  dtype = np.float64 if c.float64 else np.float32
+  datasets = tuple(n.lower() for n in validate.split_names(c.datasets))
+  methods = models.check_methods(validate.split_names(c.methods))
   # Load and split everything first, so bad files fail before any training.
-  data = {d: prepare(uci_data.load(d, data_dir, download), protocol, num_splits, seed, dtype)
-          for d in datasets}
-  keys = split_keys(seed, num_splits)
+  data = {d: prepare(uci_data.load(d, c.data_dir, c.download), c.protocol, c.num_splits, c.seed,
+                     dtype) for d in datasets}
+  keys = split_keys(c.seed, c.num_splits)
   records = []
   for d in datasets:
     for m in methods:
       t0 = time.perf_counter()
-      out = train(m, data[d], keys, max_epochs, learning_rate(m), hidden=hidden)
+      out = train(m, data[d], keys, c.num_epochs, learning_rate(m, c.lr_gmp, c.lr_others),
+                  hidden=c.hidden, plateau_patience=c.plateau_patience,
+                  stop_patience=c.stop_patience)
       seconds = time.perf_counter() - t0
-      for i in range(num_splits):
+      for i in range(c.num_splits):
         records.append(dict(
-            dataset=d, method=m, split=i, rmse=float(out['rmse'][i]), protocol=protocol,
+            dataset=d, method=m, split=i, rmse=float(out['rmse'][i]), protocol=c.protocol,
             monitor_best_mse=float(out['monitor_best'][i]), epochs_run=int(out['epochs_run'][i]),
             best_epoch=int(out['best_epoch'][i]), final_lr=float(out['final_lr'][i]),
             stopped=bool(out['stopped'][i]), seconds_all_splits=seconds))
       mean, se = _mean_se(out['rmse'])
-      print(f'[uci_regression] {protocol} {d:>9s} {m:>4s}: test RMSE {mean:.3f} +- {se:.3f}, '
+      print(f'[uci_regression] {c.protocol} {d:>9s} {m:>4s}: test RMSE {mean:.3f} +- {se:.3f}, '
             f'epochs {int(out["epochs_run"].min())}-{int(out["epochs_run"].max())}, '
             f'{seconds:.1f} s incl. compile', flush=True)
   wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
-  table = make_table(records, datasets, methods, protocol)
-  command = (f'python -m experiments.uci_regression '
-             f'--data_dir={data_dir or "$" + uci_data.ENV_VAR}{" --download" if download else ""} '
-             f'--datasets={",".join(datasets)} '
-             f'--methods={",".join(methods)} --num_splits={num_splits} --seed={seed} '
-             f'--protocol={protocol} --max_epochs={max_epochs} --float64={float64} '
-             f'--workdir={workdir}')
-  footer = (f'\n\n{len(datasets)} datasets x {len(methods)} methods x {num_splits} splits, '
-            f'up to {max_epochs} epochs, {"float64" if float64 else "float32"}, '
+  table = make_table(records, datasets, methods, c.protocol)
+  footer = (f'\n\n{len(datasets)} datasets x {len(methods)} methods x {c.num_splits} splits, '
+            f'up to {c.num_epochs} epochs, {"float64" if c.float64 else "float32"}, '
             f'{jax.device_count()} {jax.default_backend()} device(s), {os.cpu_count()} CPU cores: '
             f'wall time {wall:.1f} s (process CPU time {cpu:.1f} s).\n'
-            f'Command: `{command}`\n')
+            f'Command: `{_command(c, workdir)}`\n')
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
     json.dump(records, f, indent=1)
@@ -379,28 +294,26 @@ def _run_study(workdir, datasets, methods, num_splits, seed, protocol, max_epoch
               wall_seconds=wall, cpu_seconds=cpu)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS.workdir:
-    raise app.UsageError('--workdir is required (a directory for results.json and table.md).')
-  try:
-    check_protocol(FLAGS.protocol)
-    models.check_methods(FLAGS.methods)
-  except ValueError as e:
-    raise app.UsageError(str(e) if str(e).startswith('--') else f'--methods: {e}') from e
-  try:
-    uci_data.check_datasets(FLAGS.datasets, FLAGS.data_dir, FLAGS.download)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  try:
-    run_study(FLAGS.workdir, FLAGS.datasets, FLAGS.methods, num_splits=FLAGS.num_splits,
-              seed=FLAGS.seed, protocol=FLAGS.protocol, max_epochs=FLAGS.max_epochs,
-              data_dir=FLAGS.data_dir, float64=FLAGS.float64, download=FLAGS.download)
-  except download_lib.DownloadError as e:
-    raise app.UsageError(str(e)) from e
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
+                           'uci_regression.py')
+
+
+def run_study(workdir: str, datasets=uci_data.PAPER_DATASETS, methods=('sp', 'wn', 'bn', 'gmp'),
+              num_splits: int = 10, seed: int = 0, protocol: str = 'reference',
+              max_epochs: int = 5000, data_dir: str | None = None, float64: bool = False,
+              hidden: int = HIDDEN, download: bool = False) -> dict[str, Any]:
+  """`run` with the config's fields as arguments (notebooks); `datasets`, `methods` sequences.
+
+  A bad setting raises `ValueError` (`experiments.configs.validate.ConfigError`).
+  """
+  from experiments.configs import uci_regression as cfg  # pylint: disable=g-import-not-at-top
+  config = cfg.get_config()
+  config.update(datasets=','.join(datasets), methods=','.join(methods), num_splits=num_splits,
+                seed=seed, protocol=protocol, num_epochs=max_epochs, data_dir=data_dir,
+                float64=float64, hidden=hidden, download=download)
+  return run(config, workdir)
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  from experiments import main as _main  # pylint: disable=g-import-not-at-top
+  _main.cli(CONFIG_FILE)

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVY = '--config=experiments/configs/levy_1d.py:smoke'
 CNN = '--config=experiments/configs/cifar10_cnn.py:smoke'
 BANANA = '--config=experiments/configs/banana_2d.py:smoke'
+UCI = '--config=experiments/configs/uci_regression.py:smoke'
 
 # (arguments, what the one line says).
 BAD_SETTINGS = [
@@ -56,6 +57,10 @@ BAD_SETTINGS = [
   # Data the study reads: missing and no download allowed.
   ([BANANA, '--config.data_dir=/nonexistent'], "--config.data_dir=/nonexistent: banana.csv not "
                                                "found (--config.data_dir='/nonexistent')."),
+  ([UCI, '--config.download=True', '--config.datasets=yacht,nope'],
+   "--config.datasets=yacht,nope: unknown datasets ['nope']; valid ("),
+  ([UCI, '--config.protocol=dirty'], '--config.protocol=dirty: must be one of reference, clean.'),
+  ([UCI, '--config.num_splits=0'], '--config.num_splits=0: must be an int >= 1.'),
   # Layer specs.
   ([CNN, "--config.layers=(16,'X')"], "--config.layers=(16, 'X'): must be a tuple of conv "
                                       "widths (ints >= 1) and 'M'"),

@@ -228,18 +228,20 @@ def test_loaders_download_when_allowed(server, tmp_path):
 
 @needs_data
 def test_uci_regression_flag_downloads(server, tmp_path):
-  """`--download` from the command line, the mirror given by $GEOPARAM_DATA_URL."""
+  """`--config.download=True` from the command line, the mirror given by $GEOPARAM_DATA_URL."""
   base, requests, _ = server
   env = {k: v for k, v in os.environ.items() if k != download.DATA_DIR_ENV}
   env.update({download.BASE_URL_ENV: f'{base}/data', download.CACHE_DIR_ENV: str(tmp_path / 'c'),
               'JAX_PLATFORMS': 'cpu'})
-  cmd = [sys.executable, '-m', 'experiments.uci_regression', '--datasets=yacht', '--methods=sp',
-         '--num_splits=1', '--max_epochs=3', f'--workdir={tmp_path / "out"}']
+  cmd = [sys.executable, '-m', 'experiments.uci_regression', '--config.datasets=yacht',
+         '--config.methods=sp', '--config.num_splits=1', '--config.num_epochs=3',
+         f'--workdir={tmp_path / "out"}']
   bad = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
                        check=False)
-  assert bad.returncode != 0 and 'no data directory' in bad.stderr  # not without --download
-  proc = subprocess.run(cmd + ['--download'], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=300, check=False)
+  assert bad.returncode == 2 and 'no data directory' in bad.stderr  # not without download
+  assert not (tmp_path / 'out').exists()  # refused before any work
+  proc = subprocess.run(cmd + ['--config.download=True'], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f'downloading uci/yacht.txt (0.01 MB) from {base}/data/uci/yacht.txt' in proc.stderr
   assert '/data/uci/yacht.txt' in requests

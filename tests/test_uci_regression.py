@@ -119,12 +119,58 @@ def test_masked_early_stopping_equals_a_python_loop():
     assert 150 in got['epochs_run'].tolist() and not np.all(got['stopped']), got
 
 
-def test_smoke_run_writes_its_files(tmp_path):
+# The `:smoke` config in float64 (yacht, 3 splits, 300 epochs), produced by the study before it
+# moved onto experiments.protocol (commit f999ce3, `python -m experiments.uci_regression
+# --datasets=yacht --num_splits=3 --max_epochs=300 --float64=True --workdir=/tmp/uci_old`,
+# 2026-11-24): the table, and per method the splits' test RMSE (6 digits) and epochs run.
+EXPECTED_SMOKE_TABLE = """\
+| method | Yacht |
+| --- | --- |
+| SP | 0.887 +- 0.223 |
+| SP, paper | 0.639 +- 0.063 |
+| WN | 0.827 +- 0.185 |
+| WN, paper | 0.624 +- 0.076 |
+| BN | 1.107 +- 0.155 |
+| BN, paper | 0.777 +- 0.055 |
+| GmP | **0.692 +- 0.029** |
+| GmP, paper | **0.584 +- 0.046** |
+"""
+EXPECTED_SMOKE_SPLITS = {
+  'sp': ([0.492142, 1.265384, 0.904161], [300, 300, 300]),
+  'wn': ([0.589843, 1.191214, 0.699652], [300, 300, 300]),
+  'bn': ([0.798664, 1.244093, 1.279571], [300, 300, 300]),
+  'gmp': ([0.644195, 0.68815, 0.743958], [300, 206, 171]),
+}
+
+
+def test_smoke_config_runs_through_main_and_gives_the_stored_results(tmp_path):
+  """~15 s on 2 cores; GmP's splits 1 and 2 stop early, SP's split 2 has its rate cut."""
   workdir = tmp_path / 'uci'
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.uci_regression', f'--data_dir={DATA_DIR}',
-       '--datasets=yacht,energy', '--methods=sp,gmp', '--num_splits=2', '--max_epochs=15',
-       '--protocol=clean', f'--workdir={workdir}'],
+      [sys.executable, '-m', 'experiments.main',
+       '--config=experiments/configs/uci_regression.py:smoke', f'--workdir={workdir}',
+       f'--config.data_dir={DATA_DIR}', '--config.float64=True'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  table = (workdir / 'table.md').read_text()
+  assert EXPECTED_SMOKE_TABLE in table and EXPECTED_SMOKE_TABLE in proc.stdout
+  assert json.loads((workdir / 'config.json').read_text())['study'] == 'uci_regression'
+  records = json.loads((workdir / 'results.json').read_text())
+  for m, (rmse, epochs) in EXPECTED_SMOKE_SPLITS.items():
+    got = [r for r in records if r['method'] == m]
+    assert [round(r['rmse'], 6) for r in got] == rmse, m
+    assert [r['epochs_run'] for r in got] == epochs, m
+  assert 'Command: `python -m experiments.main --config=experiments/configs/uci_regression.py ' \
+         '--config.data_dir=' in table
+
+
+def test_shim_run_writes_its_files(tmp_path):
+  """`python -m experiments.uci_regression` is `experiments.main` with the UCI config."""
+  workdir = tmp_path / 'uci'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.uci_regression', f'--config.data_dir={DATA_DIR}',
+       '--config.datasets=yacht,energy', '--config.methods=sp,gmp', '--config.num_splits=2',
+       '--config.num_epochs=15', '--config.protocol=clean', f'--workdir={workdir}'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(workdir / 'results.json') as f:
@@ -141,13 +187,14 @@ def test_smoke_run_writes_its_files(tmp_path):
 
 
 @pytest.mark.parametrize('flag, match', [
-    ('--methods=sp,foo', 'accepted: sp, wn'),
+    ('--methods=sp,foo', 'must be distinct comma-separated names among sp, wn'),
     ('--datasets=yacht,nope', r"unknown datasets \['nope'\].*boston"),
-    ('--protocol=dirty', '--protocol must be one of reference, clean'),
+    ('--protocol=dirty', '--config.protocol=dirty: must be one of reference, clean'),
 ])
-def test_bad_flags_are_clear_errors(tmp_path, flag, match):
+def test_bad_settings_are_clear_errors(tmp_path, flag, match):
   with pytest.raises(ValueError, match=match):
     kwargs = dict(datasets=['yacht'], methods=['sp'], data_dir=DATA_DIR, max_epochs=1)
     name, value = flag[2:].split('=')
     kwargs[name] = value.split(',') if name != 'protocol' else value
-    ur.run_study(str(tmp_path), **kwargs)
+    ur.run_study(str(tmp_path / 'w'), **kwargs)
+  assert not (tmp_path / 'w').exists()

@@ -1,4 +1,4 @@
-r"""2-D Banana classification, paper 002 Sec. 3.5 / Fig. 3: SP, WN, BN and GmP (`experiments.banana_2d`).
+r"""2-D Banana classification, paper 002 Sec. 3.5 / Fig. 3: SP, WN, BN, GmP (`banana_2d`).
 
 1000 points of banana.csv split 80/20 and standardized, one hidden layer of 10
 ReLU units, sigmoid output and binary cross-entropy, Adam with batch 128, lr 0.1

@@ -30,12 +30,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 # Studies `experiments.main` dispatches to (`config.study`; vision configs have no such field).
-STUDIES = ('train', 'levy_1d', 'banana_2d')
+STUDIES = ('train', 'levy_1d', 'banana_2d', 'uci_regression')
 OPTIMIZERS = ('sgd', 'adam')
 LR_SCHEDULES = ('plateau', 'decay', 'constant')
 AUGMENTS = ('none', 'flip', 'flip_crop', 'imagenet')
 MONITORS = ('eval_loss', 'eval_top1', 'eval_top5', 'train_loss', 'train_top1', 'train_top5')
 MODES = ('min', 'max')
+UCI_PROTOCOLS = ('reference', 'clean')  # what plateau and early stopping watch
 
 
 class ConfigError(ValueError):
@@ -127,6 +128,14 @@ def names_list(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable:
       hint = _did_you_mean(bad[0], accepted) if bad else ''
       raise _Bad(f'must be distinct comma-separated names among {", ".join(accepted)}' + hint)
   return check
+
+
+def distinct_names(v, config):
+  """Distinct comma-separated names, e.g. UCI sets (which files exist: `check_data`)."""
+  del config
+  items = split_names(v)
+  if not items or len(set(items)) != len(items):
+    raise _Bad('must be distinct comma-separated names')
 
 
 def int_tuple(low: int, length: int | None = None) -> Callable:
@@ -223,6 +232,8 @@ RULES: dict[str, Callable] = {
   'num_workers': AT_LEAST_ONE,
   'prefetch': AT_LEAST_ONE,
   'num_points': num_points,
+  'datasets': distinct_names,
+  'protocol': choice(UCI_PROTOCOLS),
   # Model.
   'model': choice(_models),
   'layers': layer_spec,
@@ -256,6 +267,7 @@ RULES: dict[str, Callable] = {
   'eval_batch_size': AT_LEAST_ONE,
   'seed': COUNT,
   'num_seeds': AT_LEAST_ONE,
+  'num_splits': AT_LEAST_ONE,
   'float64': boolean,
   'plots': boolean,
   'compare_rates': boolean,
@@ -337,6 +349,14 @@ def check_data(config) -> None:
 
   `data_dir` None means `$GEOPARAM_DATA_DIR`; nothing is fetched here.
   """
+  if config.get('study') == 'uci_regression':
+    from experiments import uci_data  # pylint: disable=g-import-not-at-top
+    try:
+      uci_data.check_datasets(split_names(config.datasets), config.get('data_dir'),
+                              config.get('download', False))
+    except ValueError as e:
+      message = str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
+      raise ConfigError(f'--config.datasets={config.datasets}: {message}') from None
   needed = DATA_FILES.get(config.get('study'))
   if needed and not config.get('download', False):
     from experiments import download  # pylint: disable=g-import-not-at-top (stdlib only)
