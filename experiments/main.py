@@ -48,6 +48,10 @@ STUDY_RUNNERS = {
   'levy_1d': ('experiments.levy_1d', 'run'),
   'banana_2d': ('experiments.banana_2d', 'run'),
   'uci_regression': ('experiments.uci_regression', 'run'),
+  'perturbation_2d': ('experiments.perturbation_2d', 'run'),
+  'activation_boundaries': ('experiments.activation_boundaries', 'run'),
+  'deep_sigmoid_mlp': ('experiments.deep_sigmoid_mlp', 'run'),
+  'he_init_depth': ('experiments.he_init_depth', 'run'),
 }
 EXIT_BAD_SETTING = 2
 

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 # Studies `experiments.main` dispatches to (`config.study`; vision configs have no such field).
-STUDIES = ('train', 'levy_1d', 'banana_2d', 'uci_regression')
+STUDIES = ('train', 'levy_1d', 'banana_2d', 'uci_regression', 'perturbation_2d',
+           'activation_boundaries', 'deep_sigmoid_mlp', 'he_init_depth')
 OPTIMIZERS = ('sgd', 'adam')
 LR_SCHEDULES = ('plateau', 'decay', 'constant')
 AUGMENTS = ('none', 'flip', 'flip_crop', 'imagenet')
