@@ -25,8 +25,6 @@ also states the paper's claims against the measurements (`claims`).
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import time
 from typing import Any
@@ -39,6 +37,7 @@ import numpy as np
 
 from experiments import models
 from experiments import protocol
+from experiments import report
 from experiments.configs import validate
 from geoparam import analysis
 
@@ -155,68 +154,78 @@ def check_claims(results) -> dict[str, str]:
   peaks = {m: float(np.nanmax(r['trace']['max_dphi'])) for m, r in results.items()}
   for m, peak in peaks.items():
     if m.startswith('gmp'):
-      out[f'{m}: max_i |dphi| < 1 at every step'] = (
-          f'{"holds" if peak < 1 else "FAILS"} (max over steps and seeds {peak:.3g})')
+      out[f'{m}: max_i |dphi| < 1 at every step'] = report.claim(
+          peak < 1, 'max over steps and seeds {:.3g}', peak)
     else:
-      out[f'{m}: max_i |dphi| exceeds 1 by orders of magnitude at some step'] = (
-          f'{"holds" if peak >= 8 else "does not hold"} (max {peak:.3g} = 2^{np.log2(peak):.1f})')
+      out[f'{m}: max_i |dphi| exceeds 1 by orders of magnitude at some step'] = report.claim(
+          peak >= 8, 'max {:.3g} = 2^{:.1f}', peak, np.log2(peak))
   rmse = {m: float(np.mean(r['rmse'])) for m, r in results.items()}
   best = min(rmse, key=rmse.get)
-  out['GmP has the lowest test RMSE'] = (
-      f'{"holds" if best.startswith("gmp") else "does not hold"} (lowest: {best} '
-      f'{rmse[best]:.4f})')
+  out['GmP has the lowest test RMSE'] = report.claim(
+      best.startswith('gmp'), f'lowest: {best} {rmse[best]:.4f}', *rmse.values())
   return out
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> str:
   """Markdown table of test RMSE (mean +- standard error over seeds) per method."""
-  lines = ['| method | test RMSE (mean +- s.e.) | per seed | epochs run | max log2 max|dphi| |',
-           '| --- | --- | --- | --- | --- |']
   best = min(results, key=lambda m: np.mean(results[m]['rmse']))
+  rows = []
   for m, r in results.items():
-    rmse = r['rmse']
-    se = np.std(rmse, ddof=1) / np.sqrt(len(rmse)) if len(rmse) > 1 else float('nan')
-    cell = f'{np.mean(rmse):.4f} +- {se:.4f}'
-    if m == best:
-      cell = f'**{cell}**'
+    cell = report.format_mean_se(r['rmse'])
     dphi = r['trace']['max_dphi']
     peak = np.log2(np.nanmax(dphi)) if np.any(np.isfinite(dphi)) else float('nan')
-    lines.append(f'| {m} | {cell} | {", ".join(f"{v:.3f}" for v in rmse)} | '
-                 f'{", ".join(str(int(e)) for e in r["epochs_run"])} | {peak:.1f} |')
-  return '\n'.join(lines)
+    rows.append([m, f'**{cell}**' if m == best else cell, ', '.join(f'{v:.3f}' for v in r['rmse']),
+                 ', '.join(str(int(e)) for e in r['epochs_run']), f'{peak:.1f}'])
+  return report.markdown_table(['method', 'test RMSE (mean +- s.e.)', 'per seed', 'epochs run',
+                                'max log2 max|dphi|'], rows)
 
 
-def plot(results, data, workdir):
-  """predictions.png (before/after, seed 0) and boundary_change.png (Fig. 2c)."""
+def plot(results, data, workdir) -> list[str]:
+  """predictions.png (every seed, before and after) and boundary_change.png (Fig. 2c)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   methods = list(results)
-  fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.4), squeeze=False)
+  n = len(results[methods[0]]['rmse'])
+  x = data['x_test'][:, 0]
+  fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.6), squeeze=False,
+                           sharey=True)
   for ax, m in zip(axes[0], methods):
     r = results[m]
-    ax.plot(data['x_test'][:, 0], data['y_test'][:, 0], 'k-', lw=1, label='Levy')
-    ax.scatter(data['x_train'][:, 0], data['y_train'][:, 0], s=10, c='k', label='train')
-    ax.plot(data['x_test'][:, 0], r['init_pred'][0], 'C1--', label='init')
-    ax.plot(data['x_test'][:, 0], r['pred'][0], 'C0-', label='trained')
-    ax.set_title(f'{m.upper()}: test RMSE {r["rmse"][0]:.3f}')
+    ax.plot(x, data['y_test'][:, 0], 'k-', lw=1, label='Levy function')
+    ax.scatter(data['x_train'][:, 0], data['y_train'][:, 0], s=8, c='k', label='training points')
+    for i in range(n):
+      ax.plot(x, r['init_pred'][i], 'C1--', lw=0.7, alpha=0.7, label='initial' if i == 0 else None)
+      ax.plot(x, r['pred'][i], 'C0-', lw=0.9, alpha=0.8, label='trained' if i == 0 else None)
+    ax.set_title(f'{m.upper()}: test RMSE {report.format_mean_se(r["rmse"], 3)}', fontsize=10)
     ax.set_xlabel('x')
-  axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
+  axes[0][0].set_ylabel('y')
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc='lower center', ncol=4, fontsize=8)
+  fig.suptitle(f'Levy regression: predictions of all {n} seeds (RMSE mean +- s.e. over seeds)',
+               fontsize=11)
+  fig.tight_layout(rect=(0, 0.07, 1, 1))
   fig.savefig(os.path.join(workdir, 'predictions.png'), dpi=120)
   plt.close(fig)
 
-  fig, ax = plt.subplots(figsize=(6, 3.4))
+  fig, ax = plt.subplots(figsize=(7, 3.6))
   for m in methods:
-    dphi = results[m]['trace']['max_dphi'][0]
-    ax.plot(np.log2(np.maximum(dphi, 1e-300)), lw=0.6, label=m.upper())
+    dphi = results[m]['trace']['max_dphi']  # (seeds, epochs), NaN after a seed stopped
+    worst = np.full(dphi.shape[1], np.nan)
+    seen = np.any(np.isfinite(dphi), axis=0)
+    worst[seen] = np.nanmax(dphi[:, seen], axis=0)
+    ax.plot(np.arange(1, worst.size + 1), np.log2(np.maximum(worst, 1e-300)), lw=0.6,
+            label=m.upper())
   ax.axhline(0.0, color='k', lw=0.8, ls=':')
   ax.set_xlabel('epoch (full-batch step)')
   ax.set_ylabel(r'$\log_2 \max_i |\Delta\phi_i|$')
   ax.set_ylim(bottom=-30)
-  ax.legend(fontsize=7)
+  ax.set_title(f'Change of the characteristic points per step, max over units and {n} seeds',
+               fontsize=10)
+  ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, 'boundary_change.png'), dpi=120)
   plt.close(fig)
+  return ['predictions.png', 'boundary_change.png']
 
 
 def spectrum_steps(epochs_run: int, rows: int = SPECTRUM_ROWS) -> list[int]:
@@ -228,7 +237,7 @@ def spectrum_steps(epochs_run: int, rows: int = SPECTRUM_ROWS) -> list[int]:
   return sorted({0, *(int(round(v)) for v in np.geomspace(1, last, rows - 1))})
 
 
-def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS):
+def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS) -> list[str]:
   """location_spectra.png, Fig. 2 d-g: predictions (top) and boundary-point spectra (bottom).
 
   Seed 0 of each method. Each horizontal bar of the bottom row holds one tick per
@@ -249,7 +258,7 @@ def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS):
     ax.scatter(data['x_train'][:, 0], data['y_train'][:, 0], s=8, c='k', label='train')
     ax.plot(data['x_test'][:, 0], r['init_pred'][0], 'C1--', lw=1, label='init')
     ax.plot(data['x_test'][:, 0], r['pred'][0], 'C0-', lw=1.2, label='trained')
-    ax.set_title(f'{m.upper()}: RMSE {r["rmse"][0]:.3f}', fontsize=10)
+    ax.set_title(f'{m.upper()}, seed 0: test RMSE {r["rmse"][0]:.3f}', fontsize=10)
     ax.set_ylim(-0.6, float(np.max(data['y_train'])) + 0.6)
     ax = axes[1][j]
     steps = spectrum_steps(r['epochs_run'][0], rows)
@@ -269,10 +278,16 @@ def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS):
     ax.set_xlabel(r'characteristic point $\phi_i$')
     if j == 0:
       ax.set_ylabel('step (epoch)')
-  axes[0][0].legend(fontsize=7, loc='upper center', ncol=2)
-  fig.tight_layout()
+  axes[0][0].set_ylabel('y')
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc='lower center', ncol=4, fontsize=8)
+  fig.suptitle('Levy regression, seed 0 of each method: predictions (top) and the characteristic '
+               'points of the hidden units at chosen steps (bottom; grey: the data range)',
+               fontsize=10)
+  fig.tight_layout(rect=(0, 0.04, 1, 1))
   fig.savefig(os.path.join(workdir, 'location_spectra.png'), dpi=120)
   plt.close(fig)
+  return ['location_spectra.png']
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -304,47 +319,30 @@ def _run(config, workdir):
                        plateau_factor=config.plateau_factor)
     print(f'[levy_1d] {m}: test RMSE {np.mean(results[m]["rmse"]):.4f} '
           f'({results[m]["seconds"]:.1f} s incl. compile)', flush=True)
-  table = summarize(results)
   summary = {
-      'test_rmse': {m: float(np.mean(r['rmse'])) for m, r in results.items()},
-      'test_rmse_se': {m: float(np.std(r['rmse'], ddof=1) / np.sqrt(num_seeds))
-                       if num_seeds > 1 else None for m, r in results.items()},
-      'per_seed': {m: r['rmse'].tolist() for m, r in results.items()},
-      'epochs_run': {m: r['epochs_run'].tolist() for m, r in results.items()},
-      'max_abs_dphi': {m: float(np.nanmax(r['trace']['max_dphi'])) for m, r in results.items()},
-      'max_abs_dphi_per_seed': {m: np.nanmax(r['trace']['max_dphi'], axis=1).tolist()
+      'test_rmse': {m: report.mean_se(r['rmse'])[0] for m, r in results.items()},
+      'test_rmse_se': {m: report.mean_se(r['rmse'])[1] for m, r in results.items()},
+      'per_seed': {m: r['rmse'] for m, r in results.items()},
+      'epochs_run': {m: r['epochs_run'] for m, r in results.items()},
+      'max_abs_dphi': {m: np.nanmax(r['trace']['max_dphi']) for m, r in results.items()},
+      'max_abs_dphi_per_seed': {m: np.nanmax(r['trace']['max_dphi'], axis=1)
                                 for m, r in results.items()},
-      'steps_with_dphi_ge_1': {m: np.nansum(r['trace']['max_dphi'] >= 1.0, axis=1).tolist()
+      'steps_with_dphi_ge_1': {m: np.nansum(r['trace']['max_dphi'] >= 1.0, axis=1)
                                for m, r in results.items()},
       'spectra_seed0': {m: {'steps': spectrum_steps(r['epochs_run'][0]),
-                            'phi': [r['locations'][0, t].tolist()
+                            'phi': [r['locations'][0, t]
                                     for t in spectrum_steps(r['epochs_run'][0])]}
                         for m, r in results.items()},
-      'claims': check_claims(results),
-      'config': config.to_dict(),
-      'wall_seconds': time.perf_counter() - t_start,
   }
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
-  with open(os.path.join(workdir, 'results.csv'), 'w', newline='') as f:
-    writer = csv.writer(f)
-    writer.writerow(['method', 'seed_index', 'test_rmse', 'epochs_run', 'max_abs_dphi'])
-    for m, r in results.items():
-      for i in range(num_seeds):
-        writer.writerow([m, i, float(r['rmse'][i]), int(r['epochs_run'][i]),
-                         float(np.nanmax(r['trace']['max_dphi'][i]))])
-  with open(os.path.join(workdir, 'results.md'), 'w') as f:
-    f.write(table + '\n')
+  rows = [dict(method=m, seed_index=i, test_rmse=r['rmse'][i], epochs_run=r['epochs_run'][i],
+               max_abs_dphi=np.nanmax(r['trace']['max_dphi'][i]))
+          for m, r in results.items() for i in range(num_seeds)]
+  figures = []
   if config.plots:
-    plot(results, data, workdir)
-    plot_spectra(results, data, workdir)
-  print(table)
-  for claim, verdict in summary['claims'].items():
-    print(f'[levy_1d] paper claim: {claim}: {verdict}')
-  print(f'[levy_1d] wrote results.json, results.csv, results.md'
-        f'{", predictions.png, boundary_change.png, location_spectra.png" if config.plots else ""} '
-        f'to {workdir} '
-        f'in {summary["wall_seconds"]:.1f} s')
+    figures = plot(results, data, workdir) + plot_spectra(results, data, workdir)
+  summary = report.write(workdir, 'levy_1d', summary=summary, rows=rows, table=summarize(results),
+                         claims=check_claims(results), config=config, started=t_start,
+                         figures=figures)
   return {'summary': summary, 'results': results}
 
 
