@@ -34,8 +34,6 @@ locations as red stars).
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import time
 from typing import Any
@@ -50,6 +48,7 @@ import optax
 from experiments import download as download_lib
 from experiments import models
 from experiments import protocol
+from experiments import report
 from experiments.configs import validate
 from geoparam import analysis
 
@@ -185,19 +184,19 @@ def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]
     if m.startswith('gmp'):
       out[f'{m}: max_i |dtheta| stays small{where}'] = f'max over steps and seeds {peak:.2f} deg'
     else:
-      out[f'{m}: max_i |dtheta| jumps up to 180 deg at some step{where}'] = (
-          f'{"holds" if peak > 90 else "does not hold"} (max {peak:.1f} deg)')
+      out[f'{m}: max_i |dtheta| jumps up to 180 deg at some step{where}'] = report.claim(
+          peak > 90, 'max {:.1f} deg', peak)
   others = [p for m, p in peaks.items() if not m.startswith('gmp')]
   gmp_peaks = [p for m, p in peaks.items() if m.startswith('gmp')]
   if others and gmp_peaks:
-    out[f'GmP max angle change below every other method{where}'] = (
-        f'{"holds" if max(gmp_peaks) < min(others) else "does not hold"} '
-        f'(GmP {max(gmp_peaks):.2f} deg vs others min {min(others):.2f} deg)')
+    out[f'GmP max angle change below every other method{where}'] = report.claim(
+        max(gmp_peaks) < min(others), 'GmP {:.2f} deg vs others min {:.2f} deg',
+        max(gmp_peaks), min(others))
   acc = {m: float(np.mean(r['test_acc'])) for m, r in results.items()}
   best = max(acc, key=acc.get)
-  out['GmP has the highest test accuracy (protocol rates)'] = (
-      f'{"holds" if best.startswith("gmp") else "does not hold"} (highest mean: {best} '
-      f'{acc[best]:.4f}; ' + ', '.join(f'{m} {a:.4f}' for m, a in acc.items()) + ')')
+  out['GmP has the highest test accuracy (protocol rates)'] = report.claim(
+      best.startswith('gmp'), f'highest mean: {best} {acc[best]:.4f}; '
+      + ', '.join(f'{m} {a:.4f}' for m, a in acc.items()), *acc.values())
   return out
 
 
@@ -217,8 +216,7 @@ def summarize(runs, chosen) -> str:
         continue
       r = runs[lr][m]
       acc = r['test_acc']
-      se = np.std(acc, ddof=1) / np.sqrt(len(acc)) if len(acc) > 1 else float('nan')
-      cell = f'{np.mean(acc):.4f} +- {se:.4f}'
+      cell = report.format_mean_se(acc)
       if r is chosen[m] and m == best:
         cell = f'**{cell}**'
       star = '*' if r is chosen[m] else ''
@@ -237,8 +235,9 @@ def _predict_grid(r, grid):
   return np.asarray(jax.nn.sigmoid(logits))[:, 0]
 
 
-def plot(runs, chosen, data, workdir):
-  """trajectories.png (Fig. 3 a-h), angle_change.png (i), decision_boundaries.png (j-m); seed 0.
+def plot(runs, chosen, data, workdir) -> list[str]:
+  """trajectories.png (Fig. 3 a-h, seed 0), angle_change.png (i, max over seeds),
+  decision_boundaries.png (j-m, seed 0, accuracy of every seed in the titles).
 
   `runs`: lr -> method -> run (one row of trajectories per rate, the angle
   changes at every rate); `chosen`: method -> run at its protocol rate.
@@ -277,6 +276,8 @@ def plot(runs, chosen, data, workdir):
       ax.set_aspect('equal')
       note = f', {outside} leave the frame' if outside else ''
       ax.set_title(f'{m.upper()}, lr {lr:g}: {steps - 1} steps{note}', fontsize=9)
+      ax.set_xlabel('$x_1$', fontsize=8)
+      ax.set_ylabel('$x_2$', fontsize=8)
       ax.tick_params(labelsize=7)
   fig.suptitle(r'Trajectories of the boundary locations $\phi_i$ during training '
                '(o start, * end; seed 0)', fontsize=10)
@@ -284,23 +285,26 @@ def plot(runs, chosen, data, workdir):
   fig.savefig(os.path.join(workdir, 'trajectories.png'), dpi=110)
   plt.close(fig)
 
-  fig, axes = plt.subplots(1, len(rates), figsize=(5.6 * len(rates), 3.6), squeeze=False,
+  n = len(chosen[methods[0]]['test_acc'])
+  fig, axes = plt.subplots(1, len(rates), figsize=(5.6 * len(rates), 4.0), squeeze=False,
                            sharey=True)
   for ax, lr in zip(axes[0], rates[::-1]):
     for k, m in enumerate(methods):
       if m not in runs[lr]:
         continue
-      d = runs[lr][m]['max_dtheta_deg'][0]
-      d = d[np.isfinite(d)]
-      ax.plot(np.arange(1, d.size + 1), np.maximum(d, 1e-6), lw=0.6, color=f'C{k}',
-              label=f'{m.upper()} (max {d.max():.1f})')
+      d = runs[lr][m]['max_dtheta_deg']  # (seeds, steps), NaN after a seed stopped
+      seen = np.any(np.isfinite(d), axis=0)
+      worst = np.nanmax(d[:, seen], axis=0)
+      ax.plot(np.arange(1, worst.size + 1), np.maximum(worst, 1e-6), lw=0.6, color=f'C{k}',
+              label=f'{m.upper()} (max {worst.max():.1f})')
     ax.axhline(180, color='k', lw=0.8, ls=':')
     ax.set_yscale('log')
     ax.set_ylim(1e-4, 400)
     ax.set_xlabel('optimizer step')
     ax.set_title(f'lr {lr:g} for every method', fontsize=10)
-    ax.legend(fontsize=7, loc='lower right')
+    ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.16), ncol=len(methods))
   axes[0][0].set_ylabel(r'$\max_i |\Delta\theta_i|$ (degrees)')
+  fig.suptitle(f'Largest angle change per step, max over units and {n} seeds', fontsize=10)
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, 'angle_change.png'), dpi=120)
   plt.close(fig)
@@ -308,7 +312,7 @@ def plot(runs, chosen, data, workdir):
   g = np.linspace(-lim, lim, 200)
   gx, gy = np.meshgrid(g, g)
   grid = np.stack([gx.ravel(), gy.ravel()], 1).astype(data['x_train'].dtype)
-  fig, axes = plt.subplots(1, len(methods), figsize=(3.9 * len(methods), 4.1), squeeze=False)
+  fig, axes = plt.subplots(1, len(methods), figsize=(3.9 * len(methods), 4.7), squeeze=False)
   for ax, m in zip(axes[0], methods):
     r = chosen[m]
     prob = _predict_grid(r, grid).reshape(gx.shape)
@@ -322,13 +326,16 @@ def plot(runs, chosen, data, workdir):
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-lim, lim)
     ax.set_aspect('equal')
-    ax.set_title(f'{m.upper()} (lr {r["lr"]:g}): test accuracy {r["test_acc"][0]:.3f}',
-                 fontsize=10)
+    ax.set_title(f'{m.upper()} (lr {r["lr"]:g}), seed 0: test accuracy {r["test_acc"][0]:.3f}\n'
+                 f'all {n} seeds: {report.format_mean_se(r["test_acc"], 3)}', fontsize=9)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')
-  fig.tight_layout()
+  fig.suptitle('Decision boundary (black, p = 0.5) and final boundary locations (stars) of '
+               'seed 0 over the test points', fontsize=10)
+  fig.tight_layout(rect=(0, 0, 1, 0.95))
   fig.savefig(os.path.join(workdir, 'decision_boundaries.png'), dpi=120)
   plt.close(fig)
+  return ['trajectories.png', 'angle_change.png', 'decision_boundaries.png']
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -370,14 +377,12 @@ def _run(c, workdir, methods, x_all, y_all):
             'compile)', flush=True)
   chosen = {m: runs[learning_rate(m, c.lr_gmp, c.lr_others)][m] for m in methods}
   large = runs.get(max(c.lr_gmp, c.lr_others)) if c.compare_rates else None
-  table = summarize(runs, chosen)
   per_rate = lambda fn: {f'{lr:g}': {m: fn(r) for m, r in by_m.items()}
                          for lr, by_m in runs.items()}
   n = c.num_seeds
   summary = {
       'test_accuracy': {m: float(np.mean(r['test_acc'])) for m, r in chosen.items()},
-      'test_accuracy_se': {m: float(np.std(r['test_acc'], ddof=1) / np.sqrt(n)) if n > 1 else None
-                           for m, r in chosen.items()},
+      'test_accuracy_se': {m: report.mean_se(r['test_acc'])[1] for m, r in chosen.items()},
       'per_seed': {m: r['test_acc'].tolist() for m, r in chosen.items()},
       'train_accuracy': {m: float(np.mean(r['train_acc'])) for m, r in chosen.items()},
       'epochs_run': {m: r['epochs_run'].tolist() for m, r in chosen.items()},
@@ -395,35 +400,19 @@ def _run(c, workdir, methods, x_all, y_all):
           'max_location_change': per_rate(lambda r: float(np.nanmax(r['max_dphi']))),
           'epochs_run': per_rate(lambda r: r['epochs_run'].tolist()),
       },
-      'claims': check_claims(chosen, large, max(c.lr_gmp, c.lr_others)),
-      'config': dict(c.to_dict(), methods=list(methods),
-                     validation='held-out 20% (also the test set, as in the reference code)'),
-      'wall_seconds': time.perf_counter() - t_start,
   }
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
-  with open(os.path.join(workdir, 'results.csv'), 'w', newline='') as f:
-    writer = csv.writer(f)
-    writer.writerow(['method', 'lr', 'protocol_rate', 'seed_index', 'test_accuracy',
-                     'train_accuracy', 'epochs_run', 'max_angle_change_deg',
-                     'max_location_change'])
-    for lr, by_m in sorted(runs.items()):
-      for m, r in by_m.items():
-        for i in range(n):
-          writer.writerow([m, lr, r is chosen[m], i, float(r['test_acc'][i]),
-                           float(r['train_acc'][i]), int(r['epochs_run'][i]),
-                           float(np.nanmax(r['max_dtheta_deg'][i])),
-                           float(np.nanmax(r['max_dphi'][i]))])
-  with open(os.path.join(workdir, 'results.md'), 'w') as f:
-    f.write(table + '\n')
-  if c.plots:
-    plot(runs, chosen, data, workdir)
-  print(table)
-  for claim, verdict in summary['claims'].items():
-    print(f'[banana_2d] paper claim: {claim}: {verdict}')
-  figures = ', trajectories.png, angle_change.png, decision_boundaries.png' if c.plots else ''
-  print(f'[banana_2d] wrote results.json, results.csv, results.md{figures} to {workdir} '
-        f'in {summary["wall_seconds"]:.1f} s')
+  rows = [dict(method=m, lr=lr, protocol_rate=r is chosen[m], seed_index=i,
+               test_accuracy=r['test_acc'][i], train_accuracy=r['train_acc'][i],
+               epochs_run=r['epochs_run'][i], max_angle_change_deg=np.nanmax(r['max_dtheta_deg'][i]),
+               max_location_change=np.nanmax(r['max_dphi'][i]))
+          for lr, by_m in sorted(runs.items()) for m, r in by_m.items() for i in range(n)]
+  figures = plot(runs, chosen, data, workdir) if c.plots else []
+  config = dict(c.to_dict(), methods=list(methods),
+                validation='held-out 20% (also the test set, as in the reference code)')
+  summary = report.write(workdir, 'banana_2d', summary=summary, rows=rows,
+                         table=summarize(runs, chosen),
+                         claims=check_claims(chosen, large, max(c.lr_gmp, c.lr_others)),
+                         config=config, started=t_start, figures=figures)
   return {'summary': summary, 'runs': runs, 'results': chosen, 'data': data}
 
 
