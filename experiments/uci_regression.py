@@ -32,8 +32,10 @@ a `lax.while_loop` that ends once every split of the chunk has stopped (or at
 
 (`python -m experiments.uci_regression --workdir=DIR [--config.x=...]` is the same command.)
 
-Writes to `workdir`: `results.json` (a list with one record per dataset, method
-and split: `dataset`, `method`, `split`, `rmse`, epochs run, ...) and `table.md`
+Writes to `workdir` (`experiments.report`): `results.json` (`test_rmse` and
+`test_rmse_se` per dataset and method, `records`: one per dataset, method and
+split with `rmse`, epochs run, ...; the paper's Table 3; the claims),
+`results.csv` (the records) and `results.md`
 (ours beside the paper's Table 3); prints the table and the wall time.
 """
 
@@ -51,6 +53,7 @@ import numpy as np
 
 from experiments import models
 from experiments import protocol as protocol_lib
+from experiments import report
 from experiments import uci_data
 from experiments.configs import validate
 
@@ -177,9 +180,20 @@ def split_keys(seed: int, num_splits: int) -> jax.Array:
 
 
 def _mean_se(values) -> tuple[float, float]:
-  values = np.asarray(values, np.float64)
-  se = np.std(values, ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float('nan')
-  return float(np.mean(values)), float(se)
+  mean, se = report.mean_se(values)
+  return mean, float('nan') if se is None else se
+
+
+def check_claims(ours, datasets, methods) -> dict[str, str]:
+  """Paper 002 Table 3: GmP has the lowest test RMSE on every dataset (ours: `summarize`)."""
+  if 'gmp' not in methods or len(methods) < 2:
+    return {}
+  out = {}
+  for d in datasets:
+    best = min(methods, key=lambda m: ours[d][m][0])
+    out[f'GmP has the lowest test RMSE on {d}'] = report.claim(
+        best == 'gmp', f'lowest: {best} {ours[d][best][0]:.3f}', *(ours[d][m][0] for m in methods))
+  return out
 
 
 def summarize(records: list[dict[str, Any]], datasets, methods) -> dict[str, dict[str, tuple]]:
@@ -217,11 +231,6 @@ def make_table(records: list[dict[str, Any]], datasets, methods, protocol: str) 
           cell(*PAPER_TABLE3[m][d], best_paper.get(d) == m) if d in PAPER_TABLE3[m] else '-'
           for d in datasets) + ' |')
   lines.append('')
-  if 'gmp' in methods and len(methods) > 1:
-    best = [d for d in datasets if best_ours[d] == 'gmp']
-    lines.append(f'GmP best (ours): {", ".join(best) or "none"}; not best: '
-                 + (', '.join(f'{d} (best {best_ours[d]})' for d in datasets if d not in best)
-                    or 'none') + '.')
   return '\n'.join(lines)
 
 
@@ -282,14 +291,13 @@ def _run(c, workdir):
             f'{jax.device_count()} {jax.default_backend()} device(s), {os.cpu_count()} CPU cores: '
             f'wall time {wall:.1f} s (process CPU time {cpu:.1f} s).\n'
             f'Command: `{_command(c, workdir)}`\n')
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(records, f, indent=1)
-  with open(os.path.join(workdir, 'table.md'), 'w') as f:
-    f.write(table + footer)
-  print(table + footer)
-  print(f'[uci_regression] wrote results.json and table.md to {workdir}; '
-        f'wall time {wall:.1f} s', flush=True)
+  ours = summarize(records, datasets, methods)
+  summary = {'test_rmse': {d: {m: v[0] for m, v in by_m.items()} for d, by_m in ours.items()},
+             'test_rmse_se': {d: {m: v[1] for m, v in by_m.items()} for d, by_m in ours.items()},
+             'records': records, 'cpu_seconds': cpu}
+  report.write(workdir, 'uci_regression', summary=summary, rows=records, table=table + footer,
+               claims=check_claims(ours, datasets, methods), config=c, started=t_start,
+               paper={'table3_test_rmse_mean_se': PAPER_TABLE3})
   return dict(records=records, summary=summarize(records, datasets, methods), table=table,
               wall_seconds=wall, cpu_seconds=cpu)
 

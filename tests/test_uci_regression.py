@@ -152,10 +152,13 @@ def test_smoke_config_runs_through_main_and_gives_the_stored_results(tmp_path):
        f'--config.data_dir={DATA_DIR}', '--config.float64=True'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  table = (workdir / 'table.md').read_text()
+  table = (workdir / 'results.md').read_text()
   assert EXPECTED_SMOKE_TABLE in table and EXPECTED_SMOKE_TABLE in proc.stdout
   assert json.loads((workdir / 'config.json').read_text())['study'] == 'uci_regression'
-  records = json.loads((workdir / 'results.json').read_text())
+  summary = json.loads((workdir / 'results.json').read_text())
+  records = summary['records']
+  assert summary['paper']['table3_test_rmse_mean_se']['gmp']['yacht'] == [0.584, 0.046]
+  assert set(summary['claims']) == {'GmP has the lowest test RMSE on yacht'}
   for m, (rmse, epochs) in EXPECTED_SMOKE_SPLITS.items():
     got = [r for r in records if r['method'] == m]
     assert [round(r['rmse'], 6) for r in got] == rmse, m
@@ -174,13 +177,14 @@ def test_shim_run_writes_its_files(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(workdir / 'results.json') as f:
-    records = json.load(f)
+    records = json.load(f)['records']
   assert len(records) == 2 * 2 * 2
+  assert (workdir / 'results.csv').read_text().count('\n') == 1 + len(records)
   assert {(r['dataset'], r['method'], r['split']) for r in records} == {
       (d, m, s) for d in ('yacht', 'energy') for m in ('sp', 'gmp') for s in (0, 1)}
   for r in records:
     assert np.isfinite(r['rmse']) and r['rmse'] > 0 and r['epochs_run'] == 15, r
-  table = (workdir / 'table.md').read_text()
+  table = (workdir / 'results.md').read_text()
   assert '| GmP, paper | ' in table and '**0.584 +- 0.046**' in table  # paper, yacht
   assert 'wall time' in table and 'wall time' in proc.stdout
   assert table.splitlines()[2] == '| method | Yacht | Energy |'
