@@ -98,7 +98,7 @@ def make_data(x_all, y_all, seed: int, num_points: int = 1000, dtype=np.float64)
 
 def hidden_layer(method: str, variables) -> dict[str, Any]:
   """The hidden layer in `geoparam.analysis` form (BN/MBN folded with running statistics)."""
-  return analysis.layer_variables(variables, method, 'hidden_0', bn_epsilon=BN_EPSILON)
+  return models.layer_variables(variables, method, 'hidden_0', bn_epsilon=BN_EPSILON)
 
 
 def train(method: str, data, keys, epochs: int, batch_size: int, lr: float,

@@ -75,9 +75,9 @@ def hidden_layer(method: str, variables, x_train) -> dict[str, Any]:
   if method == 'bn':
     stats = analysis.batch_statistics(x_train @ p['hidden_0']['kernel'])
   elif method == 'wn_mbn':
-    w, _ = analysis.affine(analysis.layer_variables(variables, 'wn', 'hidden_0'), 'wn')
+    w, _ = analysis.affine(models.layer_variables(variables, 'wn', 'hidden_0'), 'wn')
     stats = {'mean': jnp.mean(x_train @ w, axis=0)}
-  return analysis.layer_variables(variables, method, 'hidden_0', bn_epsilon=1e-3,
+  return models.layer_variables(variables, method, 'hidden_0', bn_epsilon=1e-3,
                                   batch_stats=stats)
 
 

@@ -14,17 +14,19 @@ defaults); BN uses Keras' epsilon 1e-3 and momentum 0.99.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 import geoparam
+from geoparam import analysis
 
 METHODS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')
 
 glorot = nn.initializers.glorot_uniform()
+BN_EPSILON = 1e-3  # MLP's BatchNorm (Keras' default)
 
 
 def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
@@ -71,7 +73,7 @@ class MLP(nn.Module):
         x = nn.relu(x)
       elif self.method == 'bn':
         x = nn.Dense(width, use_bias=False, kernel_init=glorot, param_dtype=pd, name=name)(x)
-        x = nn.BatchNorm(momentum=0.99, epsilon=1e-3, param_dtype=pd, name=f'{name}_bn')(
+        x = nn.BatchNorm(momentum=0.99, epsilon=BN_EPSILON, param_dtype=pd, name=f'{name}_bn')(
             x, use_running_average=not train)
         x = nn.relu(x)
       else:
@@ -80,6 +82,77 @@ class MLP(nn.Module):
             glorot_scale=self.gmp_glorot_scale, param_dtype=pd, name=name)(
                 x, use_running_average=not train)
     return nn.Dense(self.out, kernel_init=glorot, param_dtype=pd, name='out')(x)
+
+
+def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden_0',
+                    bn_epsilon: float = BN_EPSILON, batch_stats=None) -> dict[str, Any]:
+  """Canonical layer dict of layer `name` from a model's variables (`{'params': ..., ...}`).
+
+  For `MLP`'s naming (the geoparam.analysis canonical form of `kind`, see its
+  module docstring): the Dense (or GmPDense) layer is `name`; WN's gain lives in `{name}_wn` as `'{name}/kernel/scale'`; BN in
+  `{name}_bn`, MBN in `{name}_mbn`; IMN's running mean in
+  `batch_stats[name]['input_mean_norm']`.
+
+  Args:
+    variables: model variables with a `params` collection (and `batch_stats`).
+    kind: one of `geoparam.analysis.KINDS` (the method names of `MLP`).
+    name: the layer's name.
+    bn_epsilon: BatchNorm's epsilon (kind 'bn'); `MLP`'s by default.
+    batch_stats: optional statistics to use instead of the running ones (e.g.
+      `batch_statistics(...)` for the training-mode function).
+  """
+  if kind not in analysis.KINDS:
+    raise ValueError(f'unknown kind={kind!r}; valid kinds: {", ".join(analysis.KINDS)}.')
+  if not isinstance(variables, Mapping):
+    raise TypeError(
+        f"variables must be a dict of collections ({{'params': ..., 'batch_stats': ...}}), got "
+        f'{type(variables).__name__}.')
+  p = _lookup(variables, ('params',), 'variables', kind)
+  running = variables.get('batch_stats', {})
+  if name not in p:
+    raise ValueError(f'no layer {name!r} in params; layers: {sorted(p)}.')
+  if kind == 'sp':
+    return dict(p[name])
+  if kind in ('wn', 'wn_mbn'):
+    out = dict(kernel=_lookup(p, (name, 'kernel'), 'params', kind),
+               scale=_lookup(p, (f'{name}_wn', f'{name}/kernel/scale'), 'params', kind))
+    if kind == 'wn':
+      out['bias'] = p[name].get('bias')
+      return out
+    out['mbn'] = dict(_lookup(p, (f'{name}_mbn',), 'params', kind))
+    out['batch_stats'] = batch_stats if batch_stats is not None else _lookup(
+        running, (f'{name}_mbn',), 'batch_stats', kind)
+    return out
+  if kind == 'bn':
+    return dict(dense=dict(p[name]), bn=dict(_lookup(p, (f'{name}_bn',), 'params', kind)),
+                batch_stats=batch_stats if batch_stats is not None else _lookup(
+                    running, (f'{name}_bn',), 'batch_stats', kind),
+                epsilon=bn_epsilon)
+  out = dict(p[name])
+  if kind == 'gmp_imn':
+    if batch_stats is None:
+      imn = running.get(name, {}).get('input_mean_norm')
+      if imn is None:  # the first layer of gmp_imn has no IMN: plain GmP.
+        fan_in = out['theta'].shape[0] + 1
+        imn = {'mean': jnp.zeros((fan_in,), jnp.asarray(out['lam']).dtype)}
+      batch_stats = imn
+    out['batch_stats'] = batch_stats
+  return out
+
+
+def _lookup(tree, path, where, kind):
+  """`tree[path[0]][path[1]]...`, or a ValueError naming the missing entry and the keys there."""
+  node = tree
+  for i, key in enumerate(path):
+    if not isinstance(node, Mapping) or key not in node:
+      keys = sorted(node) if isinstance(node, Mapping) else type(node).__name__
+      raise ValueError(
+          f'kind={kind!r} needs {where}[{"][".join(repr(k) for k in path)}], but '
+          f'{where}{"".join(f"[{k!r}]" for k in path[:i])} has no {key!r} (has {keys}); see '
+          'layer_variables for the layer names it expects.')
+    node = node[key]
+  return node
+
 
 
 VGG6_LAYERS = (128, 128, 'M', 256, 256, 'M', 512, 512, 'M')

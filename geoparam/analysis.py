@@ -32,9 +32,9 @@ broadcast.
 BN and MBN are folded into an effective affine map with the statistics in
 `batch_stats` (running statistics: the evaluation-mode function). To analyse
 the training-mode function, pass the batch's statistics instead (see
-`batch_statistics`). `layer_variables` builds these dicts from the variables of
-a model that names its layers like `experiments.models.MLP` (`hidden_0`,
-`hidden_0_wn`, `hidden_0_bn`, `hidden_0_mbn`).
+`batch_statistics`). Where a model keeps a layer's variables is the model's
+business: `experiments.models.layer_variables` assembles these dicts from the
+studies' models.
 
 Conventions:
 
@@ -77,7 +77,6 @@ __all__ = [
   'boundary_direction',
   'boundary_distance',
   'boundary_location',
-  'layer_variables',
   'location_change',
   'max_angle_change',
   'max_location_change',
@@ -380,75 +379,6 @@ def batch_statistics(pre_activations: jax.Array) -> dict[str, jax.Array]:
   return {'mean': jnp.mean(h, axis=0), 'var': jnp.var(h, axis=0)}
 
 
-def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden_0',
-                    bn_epsilon: float = BN_EPSILON, batch_stats=None) -> dict[str, Any]:
-  """Canonical layer dict of layer `name` from a model's variables (`{'params': ..., ...}`).
-
-  Naming follows `experiments.models.MLP`: the Dense (or GmPDense) layer is
-  `name`; WN's gain lives in `{name}_wn` as `'{name}/kernel/scale'`; BN in
-  `{name}_bn`, MBN in `{name}_mbn`; IMN's running mean in
-  `batch_stats[name]['input_mean_norm']`.
-
-  Args:
-    variables: model variables with a `params` collection (and `batch_stats`).
-    kind: one of `KINDS`.
-    name: the layer's name.
-    bn_epsilon: BatchNorm's epsilon (kind 'bn'); `experiments.models` uses 1e-3.
-    batch_stats: optional statistics to use instead of the running ones (e.g.
-      `batch_statistics(...)` for the training-mode function).
-  """
-  kind = _check_kind(kind)
-  if not isinstance(variables, Mapping):
-    raise TypeError(
-        f"variables must be a dict of collections ({{'params': ..., 'batch_stats': ...}}), got "
-        f'{type(variables).__name__}.')
-  p = _lookup(variables, ('params',), 'variables', kind)
-  running = variables.get('batch_stats', {})
-  if name not in p:
-    raise ValueError(f'no layer {name!r} in params; layers: {sorted(p)}.')
-  if kind == 'sp':
-    return dict(p[name])
-  if kind in ('wn', 'wn_mbn'):
-    out = dict(kernel=_lookup(p, (name, 'kernel'), 'params', kind),
-               scale=_lookup(p, (f'{name}_wn', f'{name}/kernel/scale'), 'params', kind))
-    if kind == 'wn':
-      out['bias'] = p[name].get('bias')
-      return out
-    out['mbn'] = dict(_lookup(p, (f'{name}_mbn',), 'params', kind))
-    out['batch_stats'] = batch_stats if batch_stats is not None else _lookup(
-        running, (f'{name}_mbn',), 'batch_stats', kind)
-    return out
-  if kind == 'bn':
-    return dict(dense=dict(p[name]), bn=dict(_lookup(p, (f'{name}_bn',), 'params', kind)),
-                batch_stats=batch_stats if batch_stats is not None else _lookup(
-                    running, (f'{name}_bn',), 'batch_stats', kind),
-                epsilon=bn_epsilon)
-  out = dict(p[name])
-  if kind == 'gmp_imn':
-    if batch_stats is None:
-      imn = running.get(name, {}).get('input_mean_norm')
-      if imn is None:  # the first layer of gmp_imn has no IMN: plain GmP.
-        fan_in = out['theta'].shape[0] + 1
-        imn = {'mean': jnp.zeros((fan_in,), jnp.asarray(out['lam']).dtype)}
-      batch_stats = imn
-    out['batch_stats'] = batch_stats
-  return out
-
-
-def _lookup(tree, path, where, kind):
-  """`tree[path[0]][path[1]]...`, or a ValueError naming the missing entry and the keys there."""
-  node = tree
-  for i, key in enumerate(path):
-    if not isinstance(node, Mapping) or key not in node:
-      keys = sorted(node) if isinstance(node, Mapping) else type(node).__name__
-      raise ValueError(
-          f'kind={kind!r} needs {where}[{"][".join(repr(k) for k in path)}], but '
-          f'{where}{"".join(f"[{k!r}]" for k in path[:i])} has no {key!r} (has {keys}); see '
-          'layer_variables for the layer names it expects.')
-    node = node[key]
-  return node
-
-
 def _static_int(name, value) -> int:
   """A Python or NumPy integer (not bool, float or str) as an int."""
   if not isinstance(value, (bool, np.bool_)):
@@ -480,8 +410,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
   Args:
     step: `(carry, x) -> (carry, y)`, one training step.
     carry, xs, length: as in `jax.lax.scan`.
-    layer: `carry -> canonical layer dict` (e.g. `lambda c: layer_variables(
-      {'params': c.params}, 'gmp')`), the layer to watch.
+    layer: `carry -> canonical layer dict` (e.g. `lambda c: c.params['hidden_0']`
+      for a GmP layer), the layer to watch.
     kind: the layer's parameterization, one of `KINDS`.
     every: record after every `every` steps; `length` must be a multiple.
 

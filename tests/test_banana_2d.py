@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import banana_2d
+from experiments import models
 from geoparam import analysis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +74,7 @@ def test_tiny_run_end_to_end(tmp_path):
                **jax.tree.map(lambda a: a[0], r['final_others'])}
   with jax.enable_x64(True):
     phi = analysis.boundary_location(
-        analysis.layer_variables(variables, 'bn', bn_epsilon=1e-3), 'bn')
+        models.layer_variables(variables, 'bn', bn_epsilon=1e-3), 'bn')
   np.testing.assert_allclose(r['final_phi'][0], phi, rtol=1e-12)
 
 
