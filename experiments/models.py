@@ -1,6 +1,11 @@
 """Models of the studies, with the parameterization chosen by name.
 
-Methods (paper 002): `sp` (plain Dense), `wn` (weight normalization),
+`PARAMETERIZATIONS` is the one table of methods (name -> weight layer and
+normalization) and `layer` builds a hidden layer from a row; every model here
+uses it. Adding a method is adding a row (and, for a new kind of weight layer
+or normalization, its branch in `layer`).
+
+Methods of `MLP` and `CNN` (paper 002, `METHODS`): `sp` (plain Dense), `wn` (weight normalization),
 `wn_mbn` (WN + mean-only batch norm on pre-activations), `bn` (batch norm on
 pre-activations), `gmp` (geometric parameterization), `gmp_imn` (GmP with input
 mean normalization on every hidden layer after the first). The output layer is
@@ -14,6 +19,7 @@ defaults); BN uses Keras' epsilon 1e-3 and momentum 0.99.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,19 +29,110 @@ import jax.numpy as jnp
 import geoparam
 from geoparam import analysis
 
-METHODS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')
-
 glorot = nn.initializers.glorot_uniform()
 BN_EPSILON = 1e-3  # MLP's BatchNorm (Keras' default)
 
 
-def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A parameterization: the weight layer and the normalization that follows it.
+
+  Attributes:
+    weights: 'plain' (nn.Dense / nn.Conv), 'wn' (nn.WeightNorm of it), 'gmp'
+      (geoparam.GmPDense / GmPConv, the ReLU included), 'lcw' (LCWDense /
+      LCWConv), 'cwn' (CWNDense / CWNConv) or 'sn' (nn.SpectralNorm of it).
+    norm: None, 'bn' (BatchNorm on the pre-activations), 'mbn' (mean-only BN on
+      the pre-activations), 'imn' (GmP's input mean normalization, every hidden
+      layer after the first) or 'sl' (standardization of the activations).
+    description: for help texts.
+  """
+
+  weights: str
+  norm: str | None
+  description: str
+
+
+# The one table of parameterizations: a method is a row, every model builds its layers from it.
+PARAMETERIZATIONS = {
+    'sp': Method('plain', None, 'standard parameterization (plain Dense/Conv)'),
+    'wn': Method('wn', None, 'weight normalization'),
+    'wn_mbn': Method('wn', 'mbn', 'WN + mean-only batch norm'),
+    'bn': Method('plain', 'bn', 'batch norm on the pre-activations'),
+    'gmp': Method('gmp', None, 'geometric parameterization'),
+    'gmp_imn': Method('gmp', 'imn', 'GmP + input mean normalization'),
+    'lcw': Method('lcw', None, 'linearly constrained weights'),
+    'bn_lcw': Method('lcw', 'bn', 'LCW + batch norm'),
+    'cwn': Method('cwn', None, 'centered weight normalization'),
+    'sn': Method('sn', None, 'spectral normalization'),
+    'sl': Method('plain', 'sl', 'standardization layer on the activations'),
+}
+METHODS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')  # paper 002's ReLU methods (MLP, CNN)
+
+
+def check_methods(methods: Sequence[str], accepted: Sequence[str] = METHODS
+                  ) -> tuple[str, ...]:
   """Returns the methods as a tuple; unknown names raise a ValueError listing the accepted ones."""
   methods = tuple(m.strip().lower() for m in methods if m.strip())
-  unknown = [m for m in methods if m not in METHODS]
+  unknown = [m for m in methods if m not in accepted]
   if unknown or not methods:
-    raise ValueError(f'unknown methods {unknown or methods}; accepted: {", ".join(METHODS)}.')
+    raise ValueError(f'unknown methods {unknown or methods}; accepted: {", ".join(accepted)}.')
   return methods
+
+
+def layer(x, method: str, features: int, *, name: str, train: bool, first: bool = False,
+          activation=nn.relu, kernel_size=None, padding='SAME', strides=1,
+          kernel_init=glorot, momentum: float = 0.99, bn_epsilon: float = 1e-5,
+          glorot_scale: bool = False, dtype=None, param_dtype=jnp.float32):
+  """One hidden layer of `method` (a row of `PARAMETERIZATIONS`) on `x`: weights, normalization, activation.
+
+  Dense when `kernel_size` is None, else a conv. Submodules are named `name`
+  (the weight layer), `{name}_wn`/`{name}_sn` (its wrapper), `{name}_bn`,
+  `{name}_mbn`, `{name}_sl`. GmP applies its own ReLU (`activation` must be
+  nn.relu); `first` turns IMN off (the first layer sees the raw inputs).
+  Call it inside a module's `@nn.compact` method.
+  """
+  m = PARAMETERIZATIONS[method]
+  ura = not train
+  if m.weights == 'gmp':
+    if activation is not nn.relu:
+      raise ValueError(f'method {method!r} is a ReLU layer; activation must be nn.relu.')
+    imn = m.norm == 'imn' and not first
+    if kernel_size is None:
+      return geoparam.GmPDense(features, input_mean_norm=imn, glorot_scale=glorot_scale,
+                               momentum=momentum, dtype=dtype, param_dtype=param_dtype,
+                               name=name)(x, use_running_average=ura)
+    return geoparam.GmPConv(features, kernel_size=kernel_size, padding=padding, strides=strides,
+                            input_mean_norm=imn, momentum=momentum, dtype=dtype,
+                            param_dtype=param_dtype, name=name)(x, use_running_average=ura)
+  args = dict(use_bias=m.norm not in ('bn', 'mbn'), dtype=dtype, param_dtype=param_dtype,
+              name=name)
+  if kernel_size is not None:
+    args.update(kernel_size=kernel_size, padding=padding, strides=strides)
+  conv = kernel_size is not None
+  if m.weights == 'lcw':
+    x = (geoparam.LCWConv if conv else geoparam.LCWDense)(features, kernel_init=kernel_init,
+                                                          **args)(x)
+  elif m.weights == 'cwn':
+    x = (geoparam.CWNConv if conv else geoparam.CWNDense)(features, **args)(x)
+  else:
+    dense = (nn.Conv if conv else nn.Dense)(features, kernel_init=kernel_init, **args)
+    if m.weights == 'plain':
+      x = dense(x)
+    elif m.weights == 'wn':
+      x = nn.WeightNorm(dense, param_dtype=param_dtype, name=f'{name}_wn')(x)
+    else:
+      x = nn.SpectralNorm(dense, param_dtype=param_dtype, name=f'{name}_sn')(x, update_stats=train)
+  if m.norm == 'bn':
+    x = nn.BatchNorm(momentum=momentum, epsilon=bn_epsilon, dtype=dtype, param_dtype=param_dtype,
+                     name=f'{name}_bn')(x, use_running_average=ura)
+  elif m.norm == 'mbn':
+    x = geoparam.MeanOnlyBatchNorm(momentum=momentum, param_dtype=param_dtype,
+                                   name=f'{name}_mbn')(x, use_running_average=ura)
+  x = activation(x)
+  if m.norm == 'sl':
+    x = geoparam.StandardizationLayer(use_running_average=ura, momentum=momentum,
+                                      name=f'{name}_sl')(x)
+  return x
 
 
 class MLP(nn.Module):
@@ -60,27 +157,9 @@ class MLP(nn.Module):
     check_methods([self.method])
     pd = self.param_dtype
     for i, width in enumerate(self.hidden):
-      name = f'hidden_{i}'
-      if self.method == 'sp':
-        x = nn.relu(nn.Dense(width, kernel_init=glorot, param_dtype=pd, name=name)(x))
-      elif self.method in ('wn', 'wn_mbn'):
-        use_bias = self.method == 'wn'
-        dense = nn.Dense(width, use_bias=use_bias, kernel_init=glorot, param_dtype=pd, name=name)
-        x = nn.WeightNorm(dense, param_dtype=pd, name=f'{name}_wn')(x)
-        if self.method == 'wn_mbn':
-          x = geoparam.MeanOnlyBatchNorm(param_dtype=pd, name=f'{name}_mbn')(
-              x, use_running_average=not train)
-        x = nn.relu(x)
-      elif self.method == 'bn':
-        x = nn.Dense(width, use_bias=False, kernel_init=glorot, param_dtype=pd, name=name)(x)
-        x = nn.BatchNorm(momentum=0.99, epsilon=BN_EPSILON, param_dtype=pd, name=f'{name}_bn')(
-            x, use_running_average=not train)
-        x = nn.relu(x)
-      else:
-        x = geoparam.GmPDense(
-            width, input_mean_norm=self.method == 'gmp_imn' and i > 0,
-            glorot_scale=self.gmp_glorot_scale, param_dtype=pd, name=name)(
-                x, use_running_average=not train)
+      x = layer(x, self.method, width, name=f'hidden_{i}', train=train, first=i == 0,
+                kernel_init=glorot, momentum=0.99, bn_epsilon=BN_EPSILON,
+                glorot_scale=self.gmp_glorot_scale, param_dtype=pd)
     return nn.Dense(self.out, kernel_init=glorot, param_dtype=pd, name='out')(x)
 
 
@@ -197,37 +276,18 @@ class CNN(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = False):
     check_methods([self.method])
-    pd, dt, ura = self.param_dtype, self.dtype, not train
-    he = nn.initializers.he_normal()
-    conv_args = dict(kernel_size=(3, 3), padding='SAME', dtype=dt, param_dtype=pd)
     i = 0
-    for layer in self.layers:
-      if layer == 'M':
+    for spec in self.layers:
+      if spec == 'M':
         x = nn.max_pool(x, (2, 2), strides=(2, 2))
         continue
-      if not isinstance(layer, int) or layer < 1:
-        raise ValueError(f"layers entries must be positive ints or 'M', got {layer!r}.")
-      name = f'conv_{i}'
-      if self.method == 'sp':
-        x = nn.relu(nn.Conv(layer, kernel_init=he, name=name, **conv_args)(x))
-      elif self.method in ('wn', 'wn_mbn'):
-        conv = nn.Conv(layer, use_bias=self.method == 'wn', kernel_init=he, name=name, **conv_args)
-        x = nn.WeightNorm(conv, param_dtype=pd, name=f'{name}_wn')(x)
-        if self.method == 'wn_mbn':
-          x = geoparam.MeanOnlyBatchNorm(
-              momentum=self.bn_momentum, param_dtype=pd, name=f'{name}_mbn')(
-                  x, use_running_average=ura)
-        x = nn.relu(x)
-      elif self.method == 'bn':
-        x = nn.Conv(layer, use_bias=False, kernel_init=he, name=name, **conv_args)(x)
-        x = nn.BatchNorm(momentum=self.bn_momentum, epsilon=1e-5, dtype=dt, param_dtype=pd,
-                         name=f'{name}_bn')(x, use_running_average=ura)
-        x = nn.relu(x)
-      else:
-        x = geoparam.GmPConv(
-            layer, kernel_size=(3, 3), padding='SAME',
-            input_mean_norm=self.method == 'gmp_imn' and i > 0, momentum=self.bn_momentum,
-            dtype=dt, param_dtype=pd, name=name)(x, use_running_average=ura)
+      if not isinstance(spec, int) or spec < 1:
+        raise ValueError(f"layers entries must be positive ints or 'M', got {spec!r}.")
+      x = layer(x, self.method, spec, name=f'conv_{i}', train=train, first=i == 0,
+                kernel_size=(3, 3), kernel_init=nn.initializers.he_normal(),
+                momentum=self.bn_momentum, bn_epsilon=1e-5, dtype=self.dtype,
+                param_dtype=self.param_dtype)
       i += 1
     x = jnp.mean(x, axis=(-3, -2))
-    return nn.Dense(self.num_classes, dtype=dt, param_dtype=pd, name='out')(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+                    name='out')(x)
