@@ -49,6 +49,7 @@ from experiments import download as download_lib
 from experiments import models
 from experiments import protocol
 from experiments import report
+from experiments.configs import common
 from experiments.configs import validate
 from geoparam import analysis
 
@@ -164,10 +165,6 @@ def train(method: str, data, keys, epochs: int, batch_size: int, lr: float,
   out = jax.tree.map(np.asarray, out)
   out.update(seconds=time.perf_counter() - t0, steps_per_epoch=steps_per_epoch, model=model)
   return out
-
-
-def learning_rate(method: str, lr_gmp: float, lr_others: float) -> float:
-  return lr_gmp if method.startswith('gmp') else lr_others
 
 
 def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]:
@@ -365,7 +362,7 @@ def _run(c, workdir, methods, x_all, y_all):
   runs: dict[float, dict[str, Any]] = {}
   t_start = time.perf_counter()
   for m in methods:
-    for lr in rates or [learning_rate(m, c.lr_gmp, c.lr_others)]:
+    for lr in rates or [common.paper_lr(m, c.lr_gmp, c.lr_others)]:
       logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, c.num_seeds,
                    c.num_epochs)
       r = train(m, data, keys, c.num_epochs, c.batch_size, lr, c.plateau_patience,
@@ -375,7 +372,7 @@ def _run(c, workdir, methods, x_all, y_all):
       print(f'[banana_2d] {m} lr {lr:g}: test accuracy {np.mean(r["test_acc"]):.4f}, max angle '
             f'change {np.nanmax(r["max_dtheta_deg"]):.2f} deg ({r["seconds"]:.1f} s incl. '
             'compile)', flush=True)
-  chosen = {m: runs[learning_rate(m, c.lr_gmp, c.lr_others)][m] for m in methods}
+  chosen = {m: runs[common.paper_lr(m, c.lr_gmp, c.lr_others)][m] for m in methods}
   large = runs.get(max(c.lr_gmp, c.lr_others)) if c.compare_rates else None
   per_rate = lambda fn: {f'{lr:g}': {m: fn(r) for m, r in by_m.items()}
                          for lr, by_m in runs.items()}

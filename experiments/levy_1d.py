@@ -38,6 +38,7 @@ import numpy as np
 from experiments import models
 from experiments import protocol
 from experiments import report
+from experiments.configs import common
 from experiments.configs import validate
 from geoparam import analysis
 
@@ -142,10 +143,6 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
     logging.warning('%s: non-finite test RMSE for seeds %s', method,
                     np.flatnonzero(~np.isfinite(out['rmse'])).tolist())
   return out
-
-
-def learning_rate(method: str, lr_gmp: float, lr_others: float) -> float:
-  return lr_gmp if method.startswith('gmp') else lr_others
 
 
 def check_claims(results) -> dict[str, str]:
@@ -311,7 +308,7 @@ def _run(config, workdir):
   results = {}
   t_start = time.perf_counter()
   for m in methods:
-    lr = learning_rate(m, config.lr_gmp, config.lr_others)
+    lr = common.paper_lr(m, config.lr_gmp, config.lr_others)
     logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, num_seeds,
                  config.num_epochs)
     results[m] = train(m, data, keys, config.num_epochs, lr, config.plateau_patience,

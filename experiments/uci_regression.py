@@ -41,7 +41,6 @@ split with `rmse`, epochs run, ...; the paper's Table 3; the claims),
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -55,12 +54,12 @@ from experiments import models
 from experiments import protocol as protocol_lib
 from experiments import report
 from experiments import uci_data
+from experiments.configs import common
 from experiments.configs import validate
 
 
 PROTOCOLS = validate.UCI_PROTOCOLS
 HIDDEN = 100
-LR_GMP, LR_OTHERS = 0.1, 0.01
 PLATEAU_PATIENCE, STOP_PATIENCE = 50, 100
 TEST_FRACTION, VAL_FRACTION = 0.2, 0.2
 # Epochs per `lax.scan` block; the while loop checks between blocks whether every split stopped.
@@ -85,10 +84,6 @@ def check_protocol(protocol: str) -> str:
   if protocol not in PROTOCOLS:
     raise ValueError(f'--config.protocol={protocol}: must be one of {", ".join(PROTOCOLS)}.')
   return protocol
-
-
-def learning_rate(method: str, lr_gmp: float = LR_GMP, lr_others: float = LR_OTHERS) -> float:
-  return lr_gmp if method.startswith('gmp') else lr_others
 
 
 def prepare(ds: uci_data.Dataset, protocol: str, num_splits: int, seed: int,
@@ -270,7 +265,7 @@ def _run(c, workdir):
   for d in datasets:
     for m in methods:
       t0 = time.perf_counter()
-      out = train(m, data[d], keys, c.num_epochs, learning_rate(m, c.lr_gmp, c.lr_others),
+      out = train(m, data[d], keys, c.num_epochs, common.paper_lr(m, c.lr_gmp, c.lr_others),
                   hidden=c.hidden, plateau_patience=c.plateau_patience,
                   stop_patience=c.stop_patience)
       seconds = time.perf_counter() - t0

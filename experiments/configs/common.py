@@ -31,9 +31,13 @@ def parse_arg(arg: str | None, **defaults):
   return ml_collections.ConfigDict(out)
 
 
-def paper_lr(method: str) -> float:
-  """Paper 002: lr 0.1 for GmP (and GmP+IMN), 0.01 for SP/WN/WN+MBN/BN."""
-  return 0.1 if method.startswith('gmp') else 0.01
+def paper_lr(method: str, lr_gmp: float = 0.1, lr_others: float = 0.01) -> float:
+  """Paper 002's rule: `lr_gmp` (0.1) for GmP and GmP+IMN, `lr_others` (0.01) for the others.
+
+  The one place of the rule: the vision configs and the small studies (their
+  `lr_gmp`/`lr_others` fields) call it.
+  """
+  return lr_gmp if method.startswith('gmp') else lr_others
 
 
 def base_config() -> ml_collections.ConfigDict:
