@@ -416,27 +416,6 @@ def _run(c, workdir, methods, x_all, y_all):
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'banana_2d.py')
 
 
-def run_study(workdir: str, methods, data_dir: str | None = None, epochs: int = 5000,
-              batch_size: int = 128, seed: int = 0, num_seeds: int = 5, float64: bool = True,
-              lr_gmp: float = 0.1, lr_others: float = 0.01, plateau_patience: int = 50,
-              stop_patience: int = 100, num_points: int = 1000, hidden: int = 10,
-              gmp_glorot_scale: bool = True, compare_rates: bool = True,
-              make_plots: bool = True, download: bool = False) -> dict[str, Any]:
-  """`run` with the config's fields as arguments (notebooks); `methods` a sequence of names.
-
-  A bad setting raises `ValueError` (`experiments.configs.validate.ConfigError`).
-  """
-  from experiments.configs import banana_2d as banana_config  # pylint: disable=g-import-not-at-top
-  config = banana_config.get_config()
-  config.update(methods=','.join(methods), data_dir=data_dir, num_epochs=epochs,
-                batch_size=batch_size, seed=seed, num_seeds=num_seeds, float64=float64,
-                lr_gmp=lr_gmp, lr_others=lr_others, plateau_patience=plateau_patience,
-                stop_patience=stop_patience, num_points=num_points, hidden=hidden,
-                gmp_glorot_scale=gmp_glorot_scale, compare_rates=compare_rates, plots=make_plots,
-                download=download)
-  return run(config, workdir)
-
-
 if __name__ == '__main__':
   from experiments import main as _main  # pylint: disable=g-import-not-at-top
   _main.cli(CONFIG_FILE)

@@ -346,20 +346,6 @@ def _run(config, workdir):
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'levy_1d.py')
 
 
-def run_study(workdir: str, methods, epochs: int = 10000, seed: int = 0, num_seeds: int = 5,
-              float64: bool = True, lr_gmp: float = 0.1, lr_others: float = 0.01,
-              plateau_patience: int = 500, stop_patience: int = 1000, hidden: int = 100,
-              gmp_glorot_scale: bool = True, make_plots: bool = True) -> dict[str, Any]:
-  """`run` with the config's fields as arguments (notebooks); `methods` a sequence of names."""
-  from experiments.configs import levy_1d as levy_config  # pylint: disable=g-import-not-at-top
-  config = levy_config.get_config()
-  config.update(methods=','.join(methods), num_epochs=epochs, seed=seed, num_seeds=num_seeds,
-                float64=float64, lr_gmp=lr_gmp, lr_others=lr_others,
-                plateau_patience=plateau_patience, stop_patience=stop_patience, hidden=hidden,
-                gmp_glorot_scale=gmp_glorot_scale, plots=make_plots)
-  return run(config, workdir)
-
-
 if __name__ == '__main__':
   from experiments import main as _main  # pylint: disable=g-import-not-at-top
   _main.cli(CONFIG_FILE)

@@ -145,13 +145,55 @@ def run(config, workdir: str):
   """Runs `config.study` in `workdir` (the config already checked)."""
   study = config.get('study', 'train')
   module, function = STUDY_RUNNERS[study]
-  if study == 'train':
+  if study == 'train' and FLAGS.is_parsed():  # from Python (run_study): one process
     from experiments import sharding  # pylint: disable=g-import-not-at-top
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                     FLAGS.process_id, auto=FLAGS.distributed_auto)
   else:
     write_config(config, workdir)
   return getattr(importlib.import_module(module), function)(config, workdir)
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs')
+
+
+def run_study(study: str, workdir: str, arg: str | None = None, **fields):
+  """Runs a study from Python exactly as the command line does, and returns what it returns.
+
+  `run_study('levy_1d', DIR, 'smoke', num_seeds=3)` is `python -m experiments.main
+  --config=experiments/configs/levy_1d.py:smoke --config.num_seeds=3 --workdir=DIR`:
+  the same config file, the same checks of every field, the data and the
+  workdir (a bad setting raises `validate.ConfigError`, a `ValueError`, before
+  any work), the same `config.json`. Notebooks use it.
+
+  Args:
+    study: a config file name under experiments/configs (`validate.STUDIES`, or a vision
+      config such as 'cifar10_cnn').
+    workdir: the directory the study writes to.
+    arg: the config's argument (`'smoke'`, `'method=gmp,smoke'`), or None.
+    **fields: config fields to override (a sequence for a comma-separated names field
+      such as `methods` is joined).
+  """
+  path = os.path.join(CONFIG_DIR, f'{study}.py')
+  if not os.path.isfile(path):
+    names = sorted(n[:-3] for n in os.listdir(CONFIG_DIR)
+                   if n.endswith('.py') and n not in ('__init__.py', 'common.py', 'validate.py'))
+    raise validate.ConfigError(f'study={study!r}: no config file {path}; configs: '
+                               f'{", ".join(names)}.')
+  config = _load_config(f'{path}:{arg}' if arg is not None else path)
+  for name, value in fields.items():
+    if name not in config:
+      raise validate.ConfigError(validate.unknown_field_message(name, list(config.keys())))
+    if isinstance(value, (list, tuple)) and isinstance(config[name], str):
+      value = ','.join(value)
+    try:
+      config[name] = value
+    except (TypeError, ValueError) as e:
+      raise validate.ConfigError(f'--config.{name}={value!r}: {_one_line(e)}') from None
+  validate.check_config(config)
+  validate.check_data(config)
+  validate.check_workdir(workdir, config.get('study', 'train'))
+  return run(config, workdir)
 
 
 def main(argv):

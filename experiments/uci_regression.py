@@ -301,22 +301,6 @@ CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs'
                            'uci_regression.py')
 
 
-def run_study(workdir: str, datasets=uci_data.PAPER_DATASETS, methods=('sp', 'wn', 'bn', 'gmp'),
-              num_splits: int = 10, seed: int = 0, protocol: str = 'reference',
-              max_epochs: int = 5000, data_dir: str | None = None, float64: bool = False,
-              hidden: int = HIDDEN, download: bool = False) -> dict[str, Any]:
-  """`run` with the config's fields as arguments (notebooks); `datasets`, `methods` sequences.
-
-  A bad setting raises `ValueError` (`experiments.configs.validate.ConfigError`).
-  """
-  from experiments.configs import uci_regression as cfg  # pylint: disable=g-import-not-at-top
-  config = cfg.get_config()
-  config.update(datasets=','.join(datasets), methods=','.join(methods), num_splits=num_splits,
-                seed=seed, protocol=protocol, num_epochs=max_epochs, data_dir=data_dir,
-                float64=float64, hidden=hidden, download=download)
-  return run(config, workdir)
-
-
 if __name__ == '__main__':
   from experiments import main as _main  # pylint: disable=g-import-not-at-top
   _main.cli(CONFIG_FILE)

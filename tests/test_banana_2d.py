@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import banana_2d
+from experiments import main
 from experiments import models
 from geoparam import analysis
 
@@ -49,8 +50,9 @@ def test_missing_data_is_a_clear_error(tmp_path, monkeypatch):
 @needs_data
 def test_tiny_run_end_to_end(tmp_path):
   """3 epochs, 2 seeds, BN (running statistics tracked), a batch size leaving a remainder."""
-  out = banana_2d.run_study(str(tmp_path), ['bn'], data_dir=DATA_DIR, epochs=3,
-                            batch_size=64, num_seeds=2, num_points=200, compare_rates=False)
+  out = main.run_study('banana_2d', str(tmp_path), methods=['bn'], data_dir=DATA_DIR,
+                       num_epochs=3, batch_size=64, num_seeds=2, num_points=200,
+                       compare_rates=False)
   for name in ('results.json', 'results.csv', 'results.md', 'trajectories.png',
                'angle_change.png', 'decision_boundaries.png'):
     assert (tmp_path / name).stat().st_size > 0, name
@@ -138,5 +140,6 @@ def test_shim_and_refused_settings(tmp_path):
   assert bad.returncode == 2 and bad.stderr.count('\n') == 1, bad.stderr
   assert 'banana.csv not found' in bad.stderr and not (tmp_path / 'new').exists()
   with pytest.raises(ValueError, match='must leave at least batch_size=128 training points'):
-    banana_2d.run_study(str(tmp_path / 'new'), ['sp'], data_dir=DATA_DIR, num_points=100)
+    main.run_study('banana_2d', str(tmp_path / 'new'), methods=['sp'], data_dir=DATA_DIR,
+                   num_points=100)
   assert not (tmp_path / 'new').exists()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import levy_1d
+from experiments import main
 from experiments import models
 from experiments.configs import levy_1d as levy_config
 
@@ -140,8 +141,8 @@ def _hidden_preactivation(model, variables, probe, x, method):
 
 def test_tracked_boundary_changes_match_the_recorded_points(tmp_path):
   """max_dphi per epoch is max_i |phi_{i,t+1} - phi_{i,t}| of the points recorded in the scan."""
-  out = levy_1d.run_study(str(tmp_path), ['bn'], epochs=25, num_seeds=2, hidden=6,
-                          stop_patience=5, plateau_patience=3, make_plots=False)
+  out = main.run_study('levy_1d', str(tmp_path), methods=['bn'], num_epochs=25, num_seeds=2,
+                       hidden=6, stop_patience=5, plateau_patience=3, plots=False)
   data = levy_1d.make_data(0, np.float64)
   for m, r in out['results'].items():
     locs = r['locations']  # (seeds, epochs + 1, hidden)

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from experiments import main
 from experiments import models
 from experiments import uci_data
 from experiments import uci_regression as ur
@@ -197,8 +198,8 @@ def test_shim_run_writes_its_files(tmp_path):
 ])
 def test_bad_settings_are_clear_errors(tmp_path, flag, match):
   with pytest.raises(ValueError, match=match):
-    kwargs = dict(datasets=['yacht'], methods=['sp'], data_dir=DATA_DIR, max_epochs=1)
+    kwargs = dict(datasets=['yacht'], methods=['sp'], data_dir=DATA_DIR, num_epochs=1)
     name, value = flag[2:].split('=')
     kwargs[name] = value.split(',') if name != 'protocol' else value
-    ur.run_study(str(tmp_path / 'w'), **kwargs)
+    main.run_study('uci_regression', str(tmp_path / 'w'), **kwargs)
   assert not (tmp_path / 'w').exists()
