@@ -41,6 +41,8 @@ flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-
 flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-host).')
 flags.DEFINE_integer('process_id', None, 'Index of this process (multi-host).')
 flags.DEFINE_bool('distributed_auto', False, 'jax.distributed.initialize() with auto-detection.')
+flags.DEFINE_bool('dry_run', False, 'Check the config, its data and the workdir, print the config '
+                  'and exit without running or creating anything.')
 
 # study -> (module, function taking (config, workdir)).
 STUDY_RUNNERS = {
@@ -198,6 +200,11 @@ def run_study(study: str, workdir: str, arg: str | None = None, **fields):
 
 def main(argv):
   del argv  # checked in parse_flags
+  if FLAGS.dry_run:
+    print(FLAGS.config.to_json_best_effort(indent=2, sort_keys=True))
+    print(f'experiments.main: dry run: the settings pass every check; '
+          f'{FLAGS.config.get("study", "train")} would write to {FLAGS.workdir}')
+    return
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   run(FLAGS.config, FLAGS.workdir)

@@ -159,3 +159,13 @@ def test_rules_refuse_what_they_should():
       validate.check_config(ml_collections.ConfigDict({**good, field: value}))
   with pytest.raises(validate.ConfigError, match='no validation rule'):
     validate.check_config(ml_collections.ConfigDict({'brand_new_field': 1}))
+
+
+def test_dry_run_checks_everything_and_creates_nothing(tmp_path):
+  workdir = tmp_path / 'run'
+  ok = run_main([LEVY, '--config.num_seeds=3', f'--workdir={workdir}', '--dry_run'])
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert '"num_seeds": 3' in ok.stdout and 'pass every check' in ok.stdout
+  assert not workdir.exists()
+  assert_refused(run_main([LEVY, '--config.num_seeds=0', f'--workdir={workdir}', '--dry_run']),
+                 '--config.num_seeds=0: must be an int >= 1.')
