@@ -171,7 +171,8 @@ def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]
   """The paper's Banana claims (Sec. 3.5), stated against what was measured (all seeds).
 
   `results`: method -> run at its protocol rate; `at_large_rate`: method -> run
-  at the 10x rate (Fig. 3 i compares the angle changes there).
+  at the 10x rate (Fig. 3 i compares the angle changes there). A claim about
+  runs whose training loss was not finite at some epoch (diverged) gets no verdict.
   """
   out = {}
   runs = at_large_rate or results
@@ -182,19 +183,24 @@ def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]
       out[f'{m}: max_i |dtheta| stays small{where}'] = f'max over steps and seeds {peak:.2f} deg'
     else:
       out[f'{m}: max_i |dtheta| jumps up to 180 deg at some step{where}'] = report.claim(
-          peak > 90, 'max {:.1f} deg', peak)
+          peak > 90, 'max {:.1f} deg', peak, _losses(runs[m]))
   others = [p for m, p in peaks.items() if not m.startswith('gmp')]
   gmp_peaks = [p for m, p in peaks.items() if m.startswith('gmp')]
   if others and gmp_peaks:
     out[f'GmP max angle change below every other method{where}'] = report.claim(
         max(gmp_peaks) < min(others), 'GmP {:.2f} deg vs others min {:.2f} deg',
-        max(gmp_peaks), min(others))
+        max(gmp_peaks), min(others), *(_losses(r) for r in runs.values()))
   acc = {m: float(np.mean(r['test_acc'])) for m, r in results.items()}
   best = max(acc, key=acc.get)
   out['GmP has the highest test accuracy (protocol rates)'] = report.claim(
       best.startswith('gmp'), f'highest mean: {best} {acc[best]:.4f}; '
-      + ', '.join(f'{m} {a:.4f}' for m, a in acc.items()), *acc.values())
+      + ', '.join(f'{m} {a:.4f}' for m, a in acc.items()), *(_losses(r) for r in results.values()))
   return out
+
+
+def _losses(run):
+  """The training losses of the epochs that ran (non-finite if the run diverged)."""
+  return run['trace']['loss'][run['trace']['active']]
 
 
 def summarize(runs, chosen) -> str:

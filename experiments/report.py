@@ -35,8 +35,9 @@ def mean_se(values) -> tuple[float, float | None]:
   v = np.asarray(values, np.float64).ravel()
   if v.size == 0:
     raise ValueError('mean_se needs at least one value.')
-  se = float(np.std(v, ddof=1) / math.sqrt(v.size)) if v.size > 1 else None
-  return float(np.mean(v)), se
+  with np.errstate(invalid='ignore', over='ignore'):  # inf or NaN members (diverged): NaN s.e.
+    se = float(np.std(v, ddof=1) / math.sqrt(v.size)) if v.size > 1 else None
+    return float(np.mean(v)), se
 
 
 def format_mean_se(values, digits: int = 4) -> str:

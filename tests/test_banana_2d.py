@@ -143,3 +143,21 @@ def test_shim_and_refused_settings(tmp_path):
     main.run_study('banana_2d', str(tmp_path / 'new'), methods=['sp'], data_dir=DATA_DIR,
                    num_points=100)
   assert not (tmp_path / 'new').exists()
+
+
+def test_claims_about_diverged_runs_get_no_verdict():
+  def run(peak, loss):
+    return {'max_dtheta_deg': np.array([[1.0, peak]]), 'test_acc': np.array([0.5]),
+            'trace': {'loss': np.array([[0.7, loss, 0.1]]), 'active': np.array([[1, 1, 0]], bool)}}
+  fine = banana_2d.check_claims({'sp': run(170.0, 0.5), 'gmp': run(2.0, 0.5)})
+  assert fine['sp: max_i |dtheta| jumps up to 180 deg at some step at the protocol rates'] == (
+      'holds (max 170.0 deg)')
+  # A NaN loss in an epoch that ran (not in the inactive one) takes every verdict away.
+  diverged = banana_2d.check_claims({'sp': run(170.0, np.nan), 'gmp': run(2.0, 0.5)})
+  assert diverged['sp: max_i |dtheta| jumps up to 180 deg at some step at the protocol rates'] \
+      .startswith('not measured')
+  assert diverged['GmP has the highest test accuracy (protocol rates)'].startswith('not measured')
+  inactive_nan = banana_2d.check_claims({'sp': run(170.0, 0.5), 'gmp': {
+      **run(2.0, 0.5), 'trace': {'loss': np.array([[0.7, 0.5, np.nan]]),
+                                 'active': np.array([[1, 1, 0]], bool)}}})
+  assert inactive_nan == fine

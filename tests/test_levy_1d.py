@@ -159,3 +159,12 @@ def test_tracked_boundary_changes_match_the_recorded_points(tmp_path):
       variables = model.init(keys[1], jnp.asarray(data['x_train']), train=False)
       phi0 = levy_1d.boundary_points(m, variables, jnp.asarray(data['x_train']))
     np.testing.assert_allclose(locs[1, 0], phi0, rtol=1e-12, atol=1e-300)
+
+
+def test_a_diverged_run_never_holds(tmp_path):
+  """lr 1e30 in float32: every RMSE is inf or NaN, so no claim gets a verdict."""
+  out = main.run_study('levy_1d', str(tmp_path), 'smoke', methods='sp,gmp', num_epochs=40,
+                       lr_gmp=1e30, lr_others=1e30, float64=False, plots=False)
+  claims = out['summary']['claims']
+  assert not np.all(np.isfinite(out['summary']['per_seed']['gmp']))
+  assert claims and all(v.startswith('not measured: a non-finite result') for v in claims.values())
