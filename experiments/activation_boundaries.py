@@ -8,34 +8,26 @@ active (green) and inactive (red) sides for chosen `(lam, theta)`. Every `phi`
 is `geoparam.analysis.boundary_location` of the unit's GmP parameters and is
 checked to zero the pre-activation.
 
-  python -m experiments.activation_boundaries --workdir=/tmp/boundaries
+  python -m experiments.main --config=experiments/configs/activation_boundaries.py \
+      --workdir=/tmp/boundaries
 
-Writes to `workdir`: `results.json` (lam, theta, phi per panel),
-`boundaries_1d.png` (Fig. 5) and `boundaries_2d.png` (Fig. 6).
+Writes to `workdir`: `results.json` (lam, theta, phi per panel), `results.csv`,
+`results.md`, `boundaries_1d.png` (Fig. 5) and `boundaries_2d.png` (Fig. 6).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from typing import Any
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from experiments import report
 from geoparam import analysis
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-  """Defines the CLI flags; called only when run as a script, so that importing several
-  studies in one process (tests, notebooks) does not define a flag twice."""
-  flags.DEFINE_string('workdir', None, 'Directory for results.json and PNGs.')
-
 
 # (lam, theta) of the panels.
 CASES_1D = ((1.0, 0.0), (-1.0, 0.0), (1.0, np.pi), (-1.0, np.pi))
@@ -126,34 +118,42 @@ def plot_2d(rows, path):
   plt.close(fig)
 
 
-def run_study(workdir: str, cases_1d=CASES_1D, cases_2d=CASES_2D,
-              make_plots: bool = True) -> dict[str, Any]:
-  """Computes `phi` for each panel, writes results.json and the two figures."""
-  os.makedirs(workdir, exist_ok=True)
-  rows_1d = [describe(lam, theta, 1) for lam, theta in cases_1d]
-  rows_2d = [describe(lam, theta, 2) for lam, theta in cases_2d]
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Computes `phi` for each panel of `CASES_1D`/`CASES_2D`, writes the report and figures.
+
+  Returns `{'summary': what results.json holds}`.
+  """
+  t_start = time.perf_counter()
+  rows_1d = [describe(lam, theta, 1) for lam, theta in CASES_1D]
+  rows_2d = [describe(lam, theta, 2) for lam, theta in CASES_2D]
   worst = max(abs(r['preactivation_at_phi']) for r in rows_1d + rows_2d)
-  summary = {'r1': rows_1d, 'r2': rows_2d, 'max_abs_preactivation_at_phi': worst}
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
-  if make_plots:
+  rows = [dict(space=f'R^{n}', lam=r['lam'], theta=r['theta'], phi=r['phi'],
+               preactivation_at_phi=r['preactivation_at_phi'])
+          for n, group in ((1, rows_1d), (2, rows_2d)) for r in group]
+  table = report.markdown_table(
+      ['space', 'lam', 'theta / pi', 'phi', 'u^T phi + lam'],
+      [[r['space'], f'{r["lam"]:g}', f'{r["theta"] / np.pi:.4g}',
+        '(' + ', '.join(f'{p:.4f}' for p in r['phi']) + ')',
+        f'{r["preactivation_at_phi"]:.1e}'] for r in rows])
+  figures = []
+  if config.plots:
+    os.makedirs(workdir, exist_ok=True)
     plot_1d(rows_1d, os.path.join(workdir, 'boundaries_1d.png'))
     plot_2d(rows_2d, os.path.join(workdir, 'boundaries_2d.png'))
-  for r in rows_1d + rows_2d:
-    print(f'[activation_boundaries] lam {r["lam"]:g}, theta {r["theta"]:.4f}: phi {r["phi"]}')
-  print(f'[activation_boundaries] max |u^T phi + lam| = {worst:.2e}; wrote results.json'
-        f'{", boundaries_1d.png, boundaries_2d.png" if make_plots else ""} to {workdir}')
-  return summary
+    figures = ['boundaries_1d.png', 'boundaries_2d.png']
+  claims = {'phi = -lam u(theta) lies on the boundary (u^T phi + lam = 0, float64)': report.claim(
+      worst < 1e-12, 'max |u^T phi + lam| = {:.1e}', worst)}
+  summary = report.write(
+      workdir, 'activation_boundaries',
+      summary={'r1': rows_1d, 'r2': rows_2d, 'max_abs_preactivation_at_phi': worst},
+      rows=rows, table=table, claims=claims, config=config, started=t_start, figures=figures)
+  return {'summary': summary}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS.workdir:
-    raise app.UsageError('--workdir is required (a directory for results and figures).')
-  run_study(FLAGS.workdir)
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
+                           'activation_boundaries.py')
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  from experiments import main as _main  # pylint: disable=g-import-not-at-top
+  _main.cli(CONFIG_FILE)

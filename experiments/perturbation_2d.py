@@ -11,44 +11,31 @@ normals and the distance between the locations `phi`.
 
 Theorem 3: under GmP the angle changes by at most `|eps * 1|_2` (in R^2
 exactly `eps` radians); under SP and WN it is eq. (12)-(14), unbounded when
-`|w|` is small. Besides the drawn unit, `--num_draws` units are drawn the same
+`|w|` is small. Besides the drawn unit, `num_draws` units are drawn the same
 way and the median and maximum changes over them are reported.
 
-  python -m experiments.perturbation_2d --workdir=/tmp/perturbation
+  python -m experiments.main --config=experiments/configs/perturbation_2d.py \
+      --workdir=/tmp/perturbation
 
 Writes to `workdir`: `results.json` (angle and location changes per method and
-eps, for the drawn unit and over the draws; the claims checked), `results.md`
-and `perturbation.png` (Fig. 1 b-e: boundaries before and after per eps).
+eps, for the drawn unit and over the draws; the claims checked), `results.csv`
+(one row per method, eps and draw), `results.md` and `perturbation.png` (Fig. 1
+b-e: the drawn unit's boundaries before and after, per eps).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from geoparam import analysis
-from geoparam import convert
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-  """Defines the CLI flags; called only when run as a script, so that importing several
-  studies in one process (tests, notebooks) does not define a flag twice."""
-  flags.DEFINE_string('workdir', None, 'Directory for results.json and perturbation.png.')
-  flags.DEFINE_list('eps', ['1e-4', '1e-3', '1e-2', '1e-1'], 'Perturbation sizes.')
-  flags.DEFINE_float('weight_scale', 1e-3, 'Standard deviation of the unit weights and bias.')
-  flags.DEFINE_integer('seed', 1, 'Seed of the drawn unit (1: the reference notebook\'s unit).')
-  flags.DEFINE_integer('num_draws', 1000, 'Further units drawn for the median/max statistics.')
-
+from experiments import report
+from geoparam import analysis, convert
 
 METHODS = ('sp', 'wn', 'gmp')
 
@@ -98,20 +85,20 @@ def perturbation_changes(w: np.ndarray, b: np.ndarray, eps_values) -> dict[str, 
 def check_claims(changes, eps_values) -> dict[str, str]:
   """Theorem 3 and Sec. 3.5's statements against the measured changes (all draws)."""
   out = {}
-  bound_ok = all(np.all(changes['gmp'][e]['angle_deg'] <= np.degrees(e) * (1 + 1e-9))
-                 for e in eps_values)
-  out['GmP: angle change <= |eps * 1|_2 (Theorem 3; = eps rad in R^2)'] = (
-      'holds' if bound_ok else 'FAILS')
+  gmp = [changes['gmp'][e]['angle_deg'] for e in eps_values]
+  bound_ok = all(np.all(a <= np.degrees(e) * (1 + 1e-9)) for a, e in zip(gmp, eps_values))
+  out['GmP: angle change <= |eps * 1|_2 (Theorem 3; = eps rad in R^2)'] = report.claim(
+      bound_ok, 'max over draws and eps: {:.3g} x the bound',
+      max(float(np.max(a)) / np.degrees(e) for a, e in zip(gmp, eps_values)))
+  e = 1e-3 if 1e-3 in eps_values else min(eps_values)
   for kind in ('sp', 'wn'):
-    e = 1e-3 if 1e-3 in eps_values else min(eps_values)
     med = float(np.median(changes[kind][e]['angle_deg']))
-    out[f'{kind}: eps = {e:g} already changes the direction drastically'] = (
-        f'{"holds" if med > 10 else "does not hold"} (median {med:.1f} deg vs GmP '
-        f'{np.degrees(e):.3f} deg)')
+    out[f'{kind}: eps = {e:g} already changes the direction drastically'] = report.claim(
+        med > 10, 'median {:.1f} deg vs GmP {:.3f} deg', med, np.degrees(e))
   return out
 
 
-def plot(changes, eps_values, workdir, unit: int = 0):
+def plot(changes, eps_values, workdir, unit: int = 0, title: str = ''):
   """perturbation.png: Fig. 1 b-e, one panel per eps, boundaries of unit `unit` before/after."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
@@ -142,23 +129,21 @@ def plot(changes, eps_values, workdir, unit: int = 0):
     ax.legend(fontsize=7.5, loc='lower left', title='after perturbation', title_fontsize=7.5)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')
+  fig.suptitle(title or f'unit {unit}: boundary before (brown) and after a perturbation by '
+               r'$\epsilon$ in SP, WN and GmP coordinates', fontsize=11)
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, 'perturbation.png'), dpi=120)
   plt.close(fig)
 
 
-def run_study(workdir: str, eps_values=(1e-4, 1e-3, 1e-2, 1e-1), weight_scale: float = 1e-3,
-              seed: int = 1, num_draws: int = 1000, make_plots: bool = True) -> dict[str, Any]:
-  """Runs the study and writes its files; callable from notebooks and tests."""
-  eps_values = [float(e) for e in eps_values]
-  if not eps_values or any(not e > 0 for e in eps_values):
-    raise ValueError(f'eps values must be positive, got {eps_values}.')
-  if num_draws < 1 or not weight_scale > 0:
-    raise ValueError(f'num_draws must be >= 1 and weight_scale > 0, got {num_draws}, '
-                     f'{weight_scale}.')
-  t0 = time.perf_counter()
-  os.makedirs(workdir, exist_ok=True)
-  w, b = draw_units(seed, num_draws, weight_scale)
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs the study of `config` (`experiments/configs/perturbation_2d.py`) and writes its files.
+
+  Returns `{'summary': what results.json holds, 'changes': perturbation_changes(...)}`.
+  """
+  t_start = time.perf_counter()
+  eps_values = [float(e) for e in config.eps]
+  w, b = draw_units(config.seed, config.num_draws, config.weight_scale)
   changes = perturbation_changes(w, b, eps_values)
   unit = {k: {f'{e:g}': dict(angle_deg=float(changes[k][e]['angle_deg'][0]),
                              location_change=float(changes[k][e]['location_change'][0]),
@@ -170,52 +155,37 @@ def run_study(workdir: str, eps_values=(1e-4, 1e-3, 1e-2, 1e-1), weight_scale: f
       max_angle_deg=float(np.max(changes[k][e]['angle_deg'])),
       median_location_change=float(np.median(changes[k][e]['location_change'])))
       for e in eps_values} for k in METHODS}
-  summary = {
-      'unit': {'w': w[0].tolist(), 'b': float(b[0]), 'changes': unit},
-      'over_draws': stats,
-      'claims': check_claims(changes, eps_values),
-      'config': dict(eps=eps_values, weight_scale=weight_scale, seed=seed, num_draws=num_draws),
-      'wall_seconds': time.perf_counter() - t0,
-  }
-  lines = ['| eps | ' + ' | '.join(f'{k.upper()} angle (deg): unit / median / max'
-                                    for k in METHODS) + ' |',
-           '| --- |' + ' --- |' * len(METHODS)]
-  for e in eps_values:
-    cells = [f'{unit[k][f"{e:g}"]["angle_deg"]:.3g} / {stats[k][f"{e:g}"]["median_angle_deg"]:.3g}'
-             f' / {stats[k][f"{e:g}"]["max_angle_deg"]:.3g}' for k in METHODS]
-    lines.append(f'| {e:g} | ' + ' | '.join(cells) + ' |')
-  table = '\n'.join(lines)
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
-  with open(os.path.join(workdir, 'results.md'), 'w') as f:
-    f.write(table + '\n')
-  if make_plots:
-    plot(changes, eps_values, workdir)
-  print(f'[perturbation_2d] unit w = {w[0].tolist()}, b = {b[0]:.3g}; {num_draws} draws')
-  print(table)
-  for claim, verdict in summary['claims'].items():
-    print(f'[perturbation_2d] paper claim: {claim}: {verdict}')
-  print(f'[perturbation_2d] wrote results.json, results.md'
-        f'{", perturbation.png" if make_plots else ""} to {workdir}')
+  rows = [dict(method=k, eps=e, draw=i, angle_deg=changes[k][e]['angle_deg'][i],
+               location_change=changes[k][e]['location_change'][i])
+          for k in METHODS for e in eps_values for i in range(config.num_draws)]
+  header = [f'{k.upper()} angle (deg): unit / median / max' for k in METHODS]
+  table = report.markdown_table(['eps', *header], [
+      [f'{e:g}'] + [f'{unit[k][f"{e:g}"]["angle_deg"]:.3g} / '
+                    f'{stats[k][f"{e:g}"]["median_angle_deg"]:.3g} / '
+                    f'{stats[k][f"{e:g}"]["max_angle_deg"]:.3g}' for k in METHODS]
+      for e in eps_values])
+  print(f'[perturbation_2d] unit w = {w[0].tolist()}, b = {b[0]:.3g}; {config.num_draws} draws')
+  figures = []
+  if config.plots:
+    os.makedirs(workdir, exist_ok=True)
+    plot(changes, eps_values, workdir, title=(
+        f'One unit (seed {config.seed}: w = ({w[0][0]:.2g}, {w[0][1]:.2g}), b = {b[0]:.2g}): '
+        r'boundary before (brown) and after every parameter moves by $\epsilon$ in its own '
+        'coordinates'))
+    figures = ['perturbation.png']
+  summary = report.write(
+      workdir, 'perturbation_2d',
+      summary={'unit': {'w': w[0].tolist(), 'b': float(b[0]), 'changes': unit},
+               'over_draws': stats},
+      rows=rows, table=table, claims=check_claims(changes, eps_values), config=config,
+      started=t_start, figures=figures)
   return {'summary': summary, 'changes': changes}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS.workdir:
-    raise app.UsageError('--workdir is required (a directory for results and figures).')
-  try:
-    eps = [float(e) for e in FLAGS.eps]
-  except ValueError as e:
-    raise app.UsageError(f'--eps must be numbers, got {FLAGS.eps}.') from e
-  try:
-    run_study(FLAGS.workdir, eps, weight_scale=FLAGS.weight_scale, seed=FLAGS.seed,
-              num_draws=FLAGS.num_draws)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
+                           'perturbation_2d.py')
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  from experiments import main as _main  # pylint: disable=g-import-not-at-top
+  _main.cli(CONFIG_FILE)

@@ -151,6 +151,15 @@ def int_tuple(low: int, length: int | None = None) -> Callable:
   return check
 
 
+def positive_reals(v, config):
+  """A non-empty tuple of finite numbers > 0: `--config.eps="(1e-3,1e-1)"`."""
+  del config
+  ok = isinstance(v, (tuple, list)) and len(v) >= 1 and all(
+      _is_real(s) and math.isfinite(s) and s > 0 for s in v)
+  if not ok:
+    raise _Bad('must be a tuple of finite numbers > 0, e.g. "(1e-3,1e-1)"')
+
+
 def resize_range(v, config):
   int_tuple(1, 2)(v, config)
   if v[0] > v[1]:
@@ -235,6 +244,8 @@ RULES: dict[str, Callable] = {
   'num_points': num_points,
   'datasets': distinct_names,
   'protocol': choice(UCI_PROTOCOLS),
+  'eps': positive_reals,
+  'num_draws': AT_LEAST_ONE,
   # Model.
   'model': choice(_models),
   'layers': layer_spec,
@@ -242,6 +253,7 @@ RULES: dict[str, Callable] = {
   'methods': names_list(_methods),
   'hidden': AT_LEAST_ONE,
   'width': POSITIVE_REAL,
+  'weight_scale': POSITIVE_REAL,
   'stage_sizes': int_tuple(1),
   'dropout_rate': real(0.0, 1.0, open_high=True),
   'bn_momentum': FRACTION,
