@@ -65,6 +65,9 @@ PARAMETERIZATIONS = {
     'cwn': Method('cwn', None, 'centered weight normalization'),
     'sn': Method('sn', None, 'spectral normalization'),
     'sl': Method('plain', 'sl', 'standardization layer on the activations'),
+    'bn_wn': Method('wn', 'bn', 'WN + batch norm (paper 003, CNNs)'),
+    'bn_cwn': Method('cwn', 'bn', 'CWN + batch norm (paper 003, CNNs)'),
+    'bn_sn': Method('sn', 'bn', 'spectral norm + batch norm (paper 003, CNNs)'),
 }
 METHODS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')  # paper 002's ReLU methods (MLP, CNN)
 

@@ -47,11 +47,8 @@ import geoparam
 from experiments import models
 
 RESNET_PARAMETERIZATIONS = models.METHODS
-CIFAR_PARAMETERIZATIONS = ('sp', 'bn', 'lcw', 'bn_lcw', 'wn', 'cwn', 'sn')
-# Parameterization -> (weight kind, batch norm before each ReLU).
-_CIFAR = {'sp': ('plain', False), 'bn': ('plain', True), 'lcw': ('lcw', False),
-          'bn_lcw': ('lcw', True), 'wn': ('wn', True), 'cwn': ('cwn', True),
-          'sn': ('sn', True)}
+# Paper 003's CNN methods, rows of `models.PARAMETERIZATIONS` (WN, CWN and SN keep BN there).
+CIFAR_PARAMETERIZATIONS = ('sp', 'bn', 'lcw', 'bn_lcw', 'bn_wn', 'bn_cwn', 'bn_sn')
 MODELS = ('cnn', 'vgg6', 'resnet50', 'resnet', 'vgg19', 'preact_resnet18')
 VGG19_LAYERS = (64, 64, 'M', 128, 128, 'M', 256, 256, 256, 256, 'M',
                 512, 512, 512, 512, 'M', 512, 512, 512, 512, 'M')
@@ -63,6 +60,12 @@ def check_parameterization(name: str, accepted: Sequence[str]) -> str:
   if name not in accepted:
     raise ValueError(f'unknown parameterization {name!r}; accepted: {", ".join(accepted)}.')
   return name
+
+
+def _cifar_row(name: str) -> tuple[str, bool]:
+  """(weight kind, batch norm before each ReLU) of a paper-003 CNN method."""
+  row = models.PARAMETERIZATIONS[check_parameterization(name, CIFAR_PARAMETERIZATIONS)]
+  return row.weights, row.norm == 'bn'
 
 
 def scaled(channels: int, width: float) -> int:
@@ -316,7 +319,7 @@ class VGG19(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    kind, use_bn = _CIFAR[check_parameterization(self.parameterization, CIFAR_PARAMETERIZATIONS)]
+    kind, use_bn = _cifar_row(self.parameterization)
     layer = functools.partial(WeightLayer, kind=kind, use_bias=not use_bn, dtype=self.dtype,
                               param_dtype=self.param_dtype)
     i = 0
@@ -408,7 +411,7 @@ class PreActResNet18(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    kind, use_bn = _CIFAR[check_parameterization(self.parameterization, CIFAR_PARAMETERIZATIONS)]
+    kind, use_bn = _cifar_row(self.parameterization)
     x = WeightLayer(scaled(64, self.width), kind=kind, kernel_size=(3, 3), use_bias=not use_bn,
                     dtype=self.dtype, param_dtype=self.param_dtype, name='stem')(x, train)
     for i, blocks in enumerate(self.stage_sizes):

@@ -12,7 +12,8 @@ EXPECTED = {  # method -> (module of `name`, extra submodules)
     'sp': ('Dense', ()), 'wn': ('Dense', ('_wn',)), 'wn_mbn': ('Dense', ('_wn', '_mbn')),
     'bn': ('Dense', ('_bn',)), 'gmp': ('GmPDense', ()), 'gmp_imn': ('GmPDense', ()),
     'lcw': ('LCWDense', ()), 'bn_lcw': ('LCWDense', ('_bn',)), 'cwn': ('CWNDense', ()),
-    'sn': ('Dense', ('_sn',)), 'sl': ('Dense', ('_sl',)),
+    'sn': ('Dense', ('_sn',)), 'sl': ('Dense', ('_sl',)), 'bn_wn': ('Dense', ('_wn', '_bn')),
+    'bn_cwn': ('CWNDense', ('_bn',)), 'bn_sn': ('Dense', ('_sn', '_bn')),
 }
 
 

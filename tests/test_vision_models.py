@@ -95,7 +95,8 @@ _EXTRA_002 = {'sp': 1, 'gmp': 1, 'gmp_imn': 1, 'wn': 2, 'wn_mbn': 2, 'bn': 2}
 # Paper 003's: (K offset per unit: LCW has fan_in - 1 free weights, gain per unit (WN, CWN),
 # bias per unit (no BN), BN (scale and bias per BN channel)).
 _EXTRA_003 = {'sp': (0, 0, 1, 0), 'bn': (0, 0, 0, 1), 'lcw': (-1, 0, 1, 0),
-              'bn_lcw': (-1, 0, 0, 1), 'wn': (0, 1, 0, 1), 'cwn': (0, 1, 0, 1), 'sn': (0, 0, 0, 1)}
+              'bn_lcw': (-1, 0, 0, 1), 'bn_wn': (0, 1, 0, 1), 'bn_cwn': (0, 1, 0, 1),
+              'bn_sn': (0, 0, 0, 1)}
 
 
 def _expected_003(p, k, f, bn, head):
@@ -197,7 +198,8 @@ def test_errors_name_bad_values_and_accepted_ones():
   with pytest.raises(ValueError, match=r"'lcw'.*accepted: sp, wn, wn_mbn, bn, gmp, gmp_imn"):
     jax.eval_shape(vm.ResNet(num_classes=3, stage_sizes=(1,), parameterization='lcw').init,
                    jax.random.key(0), x)
-  with pytest.raises(ValueError, match=r"'gmp'.*accepted: sp, bn, lcw, bn_lcw, wn, cwn, sn"):
+  with pytest.raises(ValueError,
+                     match=r"'gmp'.*accepted: sp, bn, lcw, bn_lcw, bn_wn, bn_cwn, bn_sn"):
     jax.eval_shape(vm.VGG19(num_classes=3, parameterization='gmp').init, jax.random.key(0), x)
   with pytest.raises(ValueError, match='width must be > 0, got 0'):
     vm.vgg6(3, 'sp', width=0)

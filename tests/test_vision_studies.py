@@ -78,7 +78,7 @@ def test_config_arguments_and_errors():
   r50 = imagenet_resnet50.get_config('method=wn_mbn')
   assert (r50.learning_rate, r50.batch_size, r50.augment, r50.image_size) == (
       0.1, 256, 'imagenet', 224)
-  c100 = cifar_lcw.get_config('model=preact_resnet18,method=cwn,dataset=cifar100')
+  c100 = cifar_lcw.get_config('model=preact_resnet18,method=bn_cwn,dataset=cifar100')
   assert (c100.num_epochs, c100.dropout_rate, c100.min_lr) == (500, 0.0, 0.001)
   assert c100.decay_factor ** 5 == pytest.approx(0.95)
   with pytest.raises(ValueError, match="'lcw'.*accepted: sp, wn, wn_mbn, bn, gmp, gmp_imn"):

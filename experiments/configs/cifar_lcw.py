@@ -2,8 +2,8 @@ r"""CIFAR-10/100, VGG19 or pre-activation ResNet18 with LCW/WN/CWN/SN, paper 003
 
 `model=vgg19` (default) or `model=preact_resnet18`; `method` one of
 `experiments.vision_models.CIFAR_PARAMETERIZATIONS` (`bn` is the paper's plain
-model, `bn_lcw` its "+LCW", `wn`/`cwn`/`sn` keep BN as in the paper; `sp`/`lcw`
-are the same without BN); `dataset=cifar10` (default), `cifar100` (TFDS) or
+model, `bn_lcw` its "+LCW", `bn_wn`/`bn_cwn`/`bn_sn` WN, CWN and SN with BN as in the
+paper; `sp`/`lcw` are plain and LCW without BN); `dataset=cifar10` (default), `cifar100` (TFDS) or
 `cifar10_jpeg` (the offline archive). SGD momentum 0.9, weight decay 5e-4,
 batch 128, lr 0.1 decayed to a floor of 0.001: CIFAR-10 300 epochs, x0.95
 every 3 epochs; CIFAR-100 500 epochs, x0.95 every 5 epochs (here as the
