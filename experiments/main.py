@@ -102,6 +102,9 @@ def _diagnose(argv, error: BaseException) -> str:
       if name not in fields:
         return validate.unknown_field_message(name, fields)
   message = _one_line(error)
+  m = re.match(r'^flag --config\.(\w+)=(.*?): ', message)
+  if m:  # a value the parser could not convert to the field's type: say what the rule accepts
+    return validate.field_message(m.group(1), m.group(2), {}) or message[len('flag '):]
   return message[len('flag '):] if message.startswith('flag --') else message
 
 
@@ -191,7 +194,8 @@ def run_study(study: str, workdir: str, arg: str | None = None, **fields):
     try:
       config[name] = value
     except (TypeError, ValueError) as e:
-      raise validate.ConfigError(f'--config.{name}={value!r}: {_one_line(e)}') from None
+      raise validate.ConfigError(validate.field_message(name, value, config) or
+                                 f'--config.{name}={value!r}: {_one_line(e)}') from None
   validate.check_config(config)
   validate.check_data(config)
   validate.check_workdir(workdir, config.get('study', 'train'))

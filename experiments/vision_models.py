@@ -20,9 +20,9 @@ VGG19 / pre-activation ResNet18 for CIFAR (paper 003 Table 1), each with a `para
   ResNet18 is the full pre-activation one (He et al. 2016b) with BN-ReLU
   before each conv and a final BN-ReLU. Parameterizations (`CIFAR_PARAMETERIZATIONS`):
   `sp` plain, no BN; `bn` plain + BN (paper 003's "VGG19" / "ResNet18");
-  `lcw` LCW, no BN; `bn_lcw` LCW + BN ("+LCW"); `wn`, `cwn`, `sn` the weight
-  normalizations of paper 003 Table 1, applied like LCW to the BN models (so
-  they keep BN). Weights of every conv and hidden dense layer use the
+  `lcw` LCW, no BN; `bn_lcw` LCW + BN ("+LCW"); `bn_wn`, `bn_cwn`, `bn_sn` the
+  weight normalizations of paper 003 Table 1, applied like LCW to the BN models
+  (so they keep BN; rows of `experiments.models.PARAMETERIZATIONS`). Weights of every conv and hidden dense layer use the
   parameterization; convs carry a bias only when no BN follows.
 
 Every model: a `width` multiplier on all channel counts (`round(c * width)`,
@@ -386,7 +386,7 @@ class PreActResNet18(nn.Module):
   Example usage::
 
     >>> import jax, jax.numpy as jnp
-    >>> m = PreActResNet18(num_classes=10, parameterization='cwn', width=1 / 16)
+    >>> m = PreActResNet18(num_classes=10, parameterization='bn_cwn', width=1 / 16)
     >>> y = jax.eval_shape(m.init_with_output, jax.random.key(0), jnp.ones((2, 32, 32, 3)))[0]
     >>> y.shape
     (2, 10)

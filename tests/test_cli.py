@@ -29,7 +29,9 @@ BAD_SETTINGS = [
   ([CNN, '--config.num_epochs=-1'], '--config.num_epochs=-1: must be an int >= 1.'),
   ([LEVY, '--config.num_epochs=0'], '--config.num_epochs=0: must be an int >= 1.'),
   ([CNN, '--config.batch_size=0'], '--config.batch_size=0: must be an int >= 1.'),
-  ([CNN, '--config.batch_size=1.5'], "--config.batch_size=1.5: invalid literal for int()"),
+  ([CNN, '--config.batch_size=1.5'], '--config.batch_size=1.5: must be an int >= 1.'),
+  ([LEVY, '--config.plateau_patience=2.5'], '--config.plateau_patience=2.5: must be an int >= 0.'),
+  ([LEVY, '--config.float64=maybe'], '--config.float64=maybe: must be True or False.'),
   ([LEVY, '--config.num_seeds=0'], '--config.num_seeds=0: must be an int >= 1.'),
   ([LEVY, '--config.hidden=0'], '--config.hidden=0: must be an int >= 1.'),
   # Patience: an int >= 0.

@@ -339,15 +339,29 @@ def check_config(config) -> None:
     ConfigError: a field has no rule, or its value breaks it (lists what is accepted).
   """
   for name in config:
-    value = config[name]
-    check = rule(name)
-    if check is None:
+    if rule(name) is None:
       raise ConfigError(f'--config.{name}: no validation rule for this field; add one to '
                         'experiments/configs/validate.py RULES')
-    try:
+    message = field_message(name, config[name], config)
+    if message:
+      raise ConfigError(message)
+
+
+def field_message(name: str, value, config) -> str | None:
+  """The one-line refusal of `--config.name=value` by its rule, or None if the rule accepts it.
+
+  Also explains an override the flag parser could not convert (the raw string):
+
+    >>> field_message('num_epochs', '2.5', {})
+    '--config.num_epochs=2.5: must be an int >= 1.'
+  """
+  check = rule(name)
+  try:
+    if check is not None:
       check(value, config)
-    except _Bad as e:
-      raise ConfigError(f'--config.{name}={_show(value)}: {str(e).rstrip(".")}.') from None
+  except _Bad as e:
+    return f'--config.{name}={_show(value)}: {str(e).rstrip(".")}.'
+  return None
 
 
 # ---------------------------------------------------------------------------
