@@ -18,6 +18,12 @@ before the first step and after every optimizer step, e.g. the characteristic
 points of a layer), `finalize` (a function of the initial and final variables,
 e.g. test predictions), all inside the same compiled call.
 
+`train_epochs` is the other loop, for the minibatch classifier studies
+(`deep_sigmoid_mlp`, `he_init_depth`) that run minutes to hours: a Python loop
+over epochs around one jitted `lax.scan` over the epoch's shuffled batches,
+a per-epoch learning-rate rule, evaluation after every epoch and one progress
+line per epoch.
+
 Example: two members fit `y = 3 x` by SGD from different starting points.
 
   >>> import jax, jax.numpy as jnp, optax
@@ -36,13 +42,16 @@ Example: two members fit `y = 3 x` by SGD from different starting points.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from geoparam import masks
 from geoparam import schedules
 
 
@@ -274,3 +283,176 @@ def _blocks(epoch: Callable, carry, num_epochs: int, block: int):
         lambda a: repeat_last(a.reshape((-1,) + a.shape[2:]), ran * a.shape[1]).reshape(
             a.shape)[:num_epochs], track)
   return carry, (logs, track), jnp.minimum(ran, num_epochs)
+
+
+# ---------------------------------------------------------------------------
+# Minibatch epochs of a classifier, one jitted epoch at a time.
+
+
+def masked_sgd(momentum: float, weight_decay: float) -> Callable:
+  """`learning_rate -> optax` SGD with momentum and weight decay on kernels and LCW `v` only.
+
+  The decay is `optax.add_decayed_weights` masked by `geoparam.decay_mask` (no
+  decay on biases, scales, PReLU slopes), added to the gradient before momentum.
+  """
+  def make(learning_rate):
+    return optax.chain(optax.add_decayed_weights(weight_decay, mask=masks.decay_mask),
+                       optax.sgd(learning_rate, momentum=momentum))
+  return make
+
+
+CURVES = ('train_loss', 'train_acc', 'test_loss', 'test_acc', 'lr')
+
+
+def train_epochs(model, variables, data: Mapping[str, Any], *, num_epochs: int,
+                 batch_size: int, learning_rate: float, key, optimizer: Callable,
+                 schedule: schedules.Schedule | None = None, eval_chunk: int | None = None,
+                 init_train_examples: int = 2000, log: Callable | None = print,
+                 label: str = '') -> dict[str, Any]:
+  """Trains the classifier `model` on `data` by minibatches; one jitted `lax.scan` per epoch.
+
+  Epoch `e` (1-based) steps through the batches `permutation(fold_in(key, e), n)`
+  cut into `n // batch_size` batches of `batch_size` (the remainder is dropped)
+  with the softmax cross-entropy; then the test split is evaluated (eval mode:
+  running statistics) and the rate moves by `schedule` (per epoch, e.g.
+  `geoparam.schedules.per_epoch_decay`; None: constant). One progress line per
+  epoch goes to `log`.
+
+  Args:
+    model: a linen classifier, `model.apply(variables, x, train=...)` -> logits;
+      collections other than `params` (BN/SL running statistics, SN vectors)
+      are updated in training mode.
+    variables: the initial variables.
+    data: `x_train`, `y_train`, `x_test`, `y_test` (integer labels).
+    num_epochs, batch_size: the loop.
+    learning_rate: the initial rate.
+    key: the data-order key.
+    optimizer: `learning_rate -> optax.GradientTransformation` (e.g. `masked_sgd`),
+      wrapped by `optax.inject_hyperparams` so the schedule can set the rate.
+    schedule: the per-epoch rate rule, or None for a constant rate.
+    eval_chunk: None (evaluate a split in one call) or examples per evaluated
+      chunk (`lax.map`; the last chunk is padded and masked), for large splits.
+    init_train_examples: the first examples of the training split evaluated at
+      initialization (epoch 0 of the train curves).
+    log: a function taking one line, or None.
+    label: what the progress lines start with, e.g. `'[study] method'`.
+
+  Returns:
+    `variables` (final), `curves` (`CURVES` -> `num_epochs + 1` floats: index 0
+    at initialization, then per epoch the mean training loss and accuracy of its
+    steps, the test loss and accuracy after it and the rate it used; `lr` is NaN
+    at index 0), `final_*` (the curves' last entries) and `seconds`.
+  """
+  x_train, y_train = jnp.asarray(data['x_train']), jnp.asarray(data['y_train'])
+  x_test, y_test = jnp.asarray(data['x_test']), jnp.asarray(data['y_test'])
+  n = len(y_train)
+  steps = n // batch_size
+  if steps < 1:
+    raise ValueError(f'{n} training examples are fewer than one batch ({batch_size}).')
+  state = dict(variables)
+  params = state.pop('params')
+  opt = optax.inject_hyperparams(optimizer)(learning_rate=learning_rate)
+
+  def apply(params, state, x, train):
+    if train and state:
+      return model.apply({'params': params, **state}, x, train=True, mutable=list(state))
+    return model.apply({'params': params, **state}, x, train=train), state
+
+  def loss_fn(params, state, x, y):
+    logits, new_state = apply(params, state, x, True)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss, (new_state, jnp.mean(jnp.argmax(logits, -1) == y))
+
+  @jax.jit
+  def run_epoch(params, state, opt_state, key):
+    order = jax.random.permutation(key, n)[:steps * batch_size].reshape(steps, batch_size)
+
+    def step(carry, idx):
+      params, state, opt_state = carry
+      (loss, (state, acc)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, state, x_train[idx], y_train[idx])
+      updates, opt_state = opt.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), state, opt_state), (loss, acc)
+
+    (params, state, opt_state), (loss, acc) = jax.lax.scan(step, (params, state, opt_state),
+                                                           order)
+    return params, state, opt_state, jnp.mean(loss), jnp.mean(acc)
+
+  @jax.jit
+  def evaluate(params, state, x, y):
+    """Mean loss and accuracy in eval mode."""
+    if eval_chunk is None:
+      logits, _ = apply(params, state, x, False)
+      return (optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(),
+              jnp.mean(jnp.argmax(logits, -1) == y))
+    m = x.shape[0]
+    pad = -m % eval_chunk
+    xp = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
+    yp = jnp.concatenate([y, jnp.zeros((pad,), y.dtype)])
+    w = jnp.concatenate([jnp.ones((m,)), jnp.zeros((pad,))])
+
+    def one(args):
+      xb, yb, wb = args
+      logits, _ = apply(params, state, xb, False)
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb)
+      return jnp.sum(loss * wb), jnp.sum((jnp.argmax(logits, -1) == yb) * wb)
+
+    loss, correct = jax.lax.map(one, (xp.reshape(-1, eval_chunk, *x.shape[1:]),
+                                      yp.reshape(-1, eval_chunk), w.reshape(-1, eval_chunk)))
+    return jnp.sum(loss) / m, jnp.sum(correct) / m
+
+  t0 = time.perf_counter()
+  opt_state = opt.init(params)
+  lr_state = schedule.init(learning_rate) if schedule is not None else None
+  init_train = evaluate(params, state, x_train[:init_train_examples],
+                        y_train[:init_train_examples])
+  init_test = evaluate(params, state, x_test, y_test)
+  curves = {k: [float(v)] for k, v in zip(CURVES, (*init_train, *init_test, math.nan))}
+  for epoch in range(1, num_epochs + 1):
+    lr = learning_rate
+    if schedule is not None:
+      lr = float(lr_state.lr)
+      opt_state = schedules.set_learning_rate(opt_state, lr_state.lr)
+    params, state, opt_state, tr_loss, tr_acc = run_epoch(params, state, opt_state,
+                                                          jax.random.fold_in(key, epoch))
+    te_loss, te_acc = evaluate(params, state, x_test, y_test)
+    if schedule is not None:
+      lr_state = schedule.update(lr_state)
+    for k, v in zip(CURVES, (tr_loss, tr_acc, te_loss, te_acc, lr)):
+      curves[k].append(float(v))
+    if log is not None:
+      log(f'{label} epoch {epoch}/{num_epochs}: train loss {curves["train_loss"][-1]:.4f} acc '
+          f'{curves["train_acc"][-1]:.3f}, test loss {curves["test_loss"][-1]:.4f} acc '
+          f'{curves["test_acc"][-1]:.3f} (lr {lr:.4g}, {time.perf_counter() - t0:.0f} s)')
+  out = dict(variables={'params': params, **state}, curves=curves,
+             seconds=time.perf_counter() - t0)
+  out.update({f'final_{k}': curves[k][-1] for k in CURVES if k != 'lr'})
+  return out
+
+
+def stalled(train_loss: float, num_classes: int) -> bool:
+  """No learning: a training loss within 5% of chance level `ln K` (or not finite)."""
+  return not math.isfinite(train_loss) or train_loss > 0.95 * math.log(num_classes)
+
+
+def plot_epoch_curves(axes, results: Mapping[str, Mapping[str, Any]]) -> None:
+  """Train loss (`axes[0]`) and test accuracy (`axes[1]`) per epoch of every run in `results`.
+
+  `results`: run name -> a `train_epochs` result (its `curves`); epoch 0 is the
+  initialization; line styles cycle so that overlapping runs stay visible. No legend
+  (the caller places one beside the axes).
+  """
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+
+  for i, (name, r) in enumerate(results.items()):
+    c = r['curves']
+    style = dict(marker='o', ms=3, ls=('-', '--', '-.', ':')[i % 4], label=name)  # overlaps show
+    axes[0].plot(range(len(c['train_loss'])), c['train_loss'], **style)
+    axes[1].plot(range(len(c['test_acc'])), c['test_acc'], **style)
+  axes[0].set_ylabel('train loss (epoch 0: at init)')
+  axes[0].set_title('training loss', fontsize=10)
+  axes[1].set_ylabel('test accuracy')
+  axes[1].set_title('test accuracy', fontsize=10)
+  for ax in axes[:2]:
+    ax.set_xlabel('epoch')
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))

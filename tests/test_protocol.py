@@ -208,3 +208,87 @@ def test_restore_best_false_keeps_the_last_weights():
       evaluate=lambda v, m: {'val': m[jnp.round(-v['params']['w'] / 0.5).astype(int) - 1]})
   assert int(out['epochs_run'][0]) == 4 and bool(out['stopped'][0])
   assert float(out['variables']['params']['w'][0]) == -2.0  # after 4 steps, not the best (-1)
+
+
+def softmax_reference(w, b, x, y):
+  """Float64 numpy: mean softmax cross-entropy of `x @ w + b`, its gradients and accuracy."""
+  logits = x @ w + b
+  z = logits - logits.max(axis=1, keepdims=True)
+  p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+  n = len(y)
+  loss = -np.mean(np.log(p[np.arange(n), y]))
+  d = p.copy()
+  d[np.arange(n), y] -= 1.0
+  d /= n
+  return loss, x.T @ d, d.sum(axis=0), np.mean(logits.argmax(axis=1) == y)
+
+
+@pytest.mark.parametrize('chunk', [None, 7])
+def test_train_epochs_equals_a_plain_python_sgd_loop(chunk):
+  """`train_epochs` on a linear softmax classifier against SGD written out step by step.
+
+  The same shuffles (`permutation(fold_in(key, epoch), n)`, remainder dropped), momentum
+  0.9, weight decay on the kernel only (`masked_sgd`), the rate x0.5 per epoch down to
+  0.03 (`per_epoch_decay`); the curves: epoch 0 at init, then the mean over the epoch's
+  steps of the loss and accuracy before each step, and the test metrics after the epoch.
+  """
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from geoparam import schedules  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(0)
+  data = dict(x_train=rng.normal(size=(22, 5)).astype(np.float32),
+              y_train=rng.integers(0, 3, 22).astype(np.int32),
+              x_test=rng.normal(size=(9, 5)).astype(np.float32),
+              y_test=rng.integers(0, 3, 9).astype(np.int32))
+
+  class Classifier(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      del train
+      return nn.Dense(3, kernel_init=nn.initializers.normal(1.0),
+                      bias_init=nn.initializers.normal(1.0), name='dense')(x)
+
+  net = Classifier()
+  variables = net.init(jax.random.key(1), data['x_train'][:1])
+  key, batch, epochs, lr0, momentum, wd = jax.random.key(7), 4, 3, 0.2, 0.9, 0.01
+  out = protocol.train_epochs(
+      net, variables, data, num_epochs=epochs, batch_size=batch, learning_rate=lr0, key=key,
+      optimizer=protocol.masked_sgd(momentum, wd),
+      schedule=schedules.per_epoch_decay(0.5, 0.03), eval_chunk=chunk, init_train_examples=10,
+      log=None)
+
+  p = variables['params']['dense']
+  w, b = np.asarray(p['kernel'], np.float64), np.asarray(p['bias'], np.float64)
+  tw, tb = np.zeros_like(w), np.zeros_like(b)  # momentum traces
+  x, y = data['x_train'].astype(np.float64), data['y_train']
+  xt, yt = data['x_test'].astype(np.float64), data['y_test']
+  loss0, _, _, acc0 = softmax_reference(w, b, x[:10], y[:10])
+  test0, _, _, tacc0 = softmax_reference(w, b, xt, yt)
+  curves = dict(train_loss=[loss0], train_acc=[acc0], test_loss=[test0], test_acc=[tacc0],
+                lr=[math.nan])
+  lr = lr0
+  for epoch in range(1, epochs + 1):
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), 22))
+    losses, accs = [], []
+    for s in range(22 // batch):
+      idx = order[s * batch:(s + 1) * batch]
+      loss, gw, gb, acc = softmax_reference(w, b, x[idx], y[idx])
+      losses.append(loss)
+      accs.append(acc)
+      tw = (gw + wd * w) + momentum * tw  # decay on the kernel only, before momentum
+      tb = gb + momentum * tb
+      w, b = w - lr * tw, b - lr * tb
+    test, _, _, tacc = softmax_reference(w, b, xt, yt)
+    for k, v in zip(protocol.CURVES, (np.mean(losses), np.mean(accs), test, tacc, lr)):
+      curves[k].append(v)
+    lr = max(lr * 0.5, 0.03)
+
+  for k in protocol.CURVES:
+    np.testing.assert_allclose(out['curves'][k], curves[k], rtol=2e-5, atol=1e-6, err_msg=k)
+  final = out['variables']['params']['dense']
+  np.testing.assert_allclose(final['kernel'], w, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(final['bias'], b, rtol=2e-5, atol=1e-6)
+  assert out['final_test_acc'] == out['curves']['test_acc'][-1] and len(curves['lr']) == 4
+  with pytest.raises(ValueError, match='fewer than one batch'):
+    protocol.train_epochs(net, variables, data, num_epochs=1, batch_size=23, learning_rate=0.1,
+                          key=key, optimizer=protocol.masked_sgd(0.9, 0.0), log=None)
