@@ -44,9 +44,11 @@ import hashlib
 import io
 import os
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from absl import logging
 import numpy as np
 
 from experiments import download as download_lib
@@ -60,7 +62,7 @@ TFDS_DATASETS = {
   'imagenet_resized/32x32': ('train', 'validation', 1000),
   'imagenet2012': ('train', 'validation', 1000),
 }
-DATASETS = ('cifar10_jpeg',) + tuple(TFDS_DATASETS)
+DATASETS = ('cifar10_jpeg', 'image_folder') + tuple(TFDS_DATASETS)
 
 # Per-channel statistics of the uint8 images, used by the train step to normalize.
 MEAN_STD = {
@@ -107,6 +109,76 @@ class TfdsSource:
     images = [np.asarray(it['image']) for it in items]
     labels = np.asarray([it['label'] for it in items], np.int32)
     return images, labels
+
+
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png')
+EVAL_SPLITS = ('val', 'validation', 'test')  # an image folder's evaluation split, first found
+
+
+class ImageFolderSource:
+  """Encoded images of a folder `root/<class>/*.jpg|jpeg|png` (users' own data), random access.
+
+  Classes are the sub-folders in sorted order (label = position); files are
+  sorted within each class. `get` returns the files' bytes (the transforms
+  decode them; a file that cannot be decoded is skipped by the loader, see
+  `Loader`). Every problem a run could only meet later is an error here: a
+  missing folder, no class folders, an empty class folder.
+  """
+
+  def __init__(self, root: str, classes: list[str] | None = None):
+    if not os.path.isdir(root):
+      raise FileNotFoundError(f'image folder {root!r} does not exist (expected '
+                              f'{os.path.join(root, "<class>", "*.jpg")}).')
+    found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    if not found:
+      raise ValueError(f'image folder {root!r} has no class folders (expected '
+                       f'{os.path.join(root, "<class>", "*.jpg")}).')
+    if classes is not None and found != list(classes):
+      raise ValueError(f'image folder {root!r} has classes {found}, but the training split has '
+                       f'{list(classes)}: every split needs the same class folders.')
+    self.classes = found
+    self.paths, labels = [], []
+    for label, name in enumerate(found):
+      folder = os.path.join(root, name)
+      files = sorted(f for f in os.listdir(folder) if f.lower().endswith(IMAGE_SUFFIXES))
+      if not files:
+        raise ValueError(f'class folder {folder!r} holds no images '
+                         f'({"/".join(IMAGE_SUFFIXES)}).')
+      self.paths += [os.path.join(folder, f) for f in files]
+      labels += [label] * len(files)
+    self.labels = np.asarray(labels, np.int32)
+
+  def __len__(self):
+    return len(self.labels)
+
+  def get(self, indices):
+    images = []
+    for i in indices:
+      with open(self.paths[int(i)], 'rb') as f:
+        images.append(f.read())
+    return images, self.labels[np.asarray(indices, np.int64)]
+
+  def describe(self, index: int) -> str:
+    """The file of example `index` (named in the warning when it cannot be decoded)."""
+    return self.paths[int(index)]
+
+
+def image_folder_splits(root: str) -> tuple[ImageFolderSource, ImageFolderSource]:
+  """`(train, eval)` of `root/train/<class>/*` and the first of `root/{val,validation,test}/`."""
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f'image folder dataset {root!r} does not exist (data_dir; expected '
+                            'train/<class>/*.jpg and val/<class>/*.jpg in it).')
+  train_dir = os.path.join(root, 'train')
+  if not os.path.isdir(train_dir):
+    raise FileNotFoundError(f'image folder dataset {root!r}: no train/ split ({train_dir!r} is '
+                            'missing); expected train/<class>/*.jpg and val/<class>/*.jpg.')
+  eval_dir = next((os.path.join(root, s) for s in EVAL_SPLITS
+                   if os.path.isdir(os.path.join(root, s))), None)
+  if eval_dir is None:
+    raise FileNotFoundError(f'image folder dataset {root!r}: no evaluation split (none of '
+                            f'{", ".join(s + "/" for s in EVAL_SPLITS)} exists).')
+  train = ImageFolderSource(train_dir)
+  return train, ImageFolderSource(eval_dir, classes=train.classes)
 
 
 def resolve_data_dir(data_dir: str | None) -> str | None:
@@ -294,6 +366,14 @@ def get_sources(config) -> Sources:
     train, test = data['train'], data['test']
     stats = MEAN_STD['cifar']
     num_classes = len(classes)
+  elif name == 'image_folder':
+    root = resolve_data_dir(config.data_dir)
+    if not root:
+      raise ValueError("dataset 'image_folder' needs config.data_dir (or $GEOPARAM_DATA_DIR): the "
+                       'folder holding train/<class>/*.jpg and val/<class>/*.jpg.')
+    train, test = image_folder_splits(root)
+    stats = MEAN_STD['imagenet']
+    num_classes = len(train.classes)
   elif name in TFDS_DATASETS:
     train_split, eval_split, num_classes = TFDS_DATASETS[name]
     train = load_tfds(name, train_split, config.data_dir)
@@ -307,26 +387,32 @@ def get_sources(config) -> Sources:
 
 
 class _Subset:
-  def __init__(self, source, n):
-    self.source, self.n = source, n
+  """Examples `keep` of `source`."""
+
+  def __init__(self, source, keep):
+    self.source, self.keep = source, np.asarray(keep, np.int64)
 
   def __len__(self):
-    return self.n
+    return len(self.keep)
 
   def get(self, indices):
-    return self.source.get(indices)
+    return self.source.get(self.keep[np.asarray(indices, np.int64)])
+
+  def describe(self, index: int) -> str:
+    describe = getattr(self.source, 'describe', lambda i: f'example {i}')
+    return describe(int(self.keep[int(index)]))
 
 
 def _subset(source, n):
-  """`n` examples of `source` (None or 0: all): a fixed random subset of an in-memory
-  source, the first `n` of a TFDS one."""
+  """`n` examples of `source` (None or 0: all): a fixed random subset of a source sorted by
+  class (the archive, an image folder), the first `n` of a TFDS one."""
   if not n or n >= len(source):
     return source
+  # The archive and image folders are sorted by class: a fixed random subset has every class.
+  keep = np.sort(np.random.default_rng(0).permutation(len(source))[:n])
   if isinstance(source, ArraySource):
-    # The archive is sorted by class: take a fixed random subset so every class is in it.
-    keep = np.sort(np.random.default_rng(0).permutation(len(source))[:n])
     return ArraySource(source.images[keep], source.labels[keep])
-  return _Subset(source, n)
+  return _Subset(source, keep if isinstance(source, ImageFolderSource) else np.arange(n))
 
 
 # ---------------------------------------------------------------------------
@@ -411,8 +497,30 @@ def _resized_crop(item, short: int, crop: int, uy: float | None, ux: float | Non
   return np.asarray(out)
 
 
+def _each(images, transform: Callable[[int, Any], np.ndarray], shape: tuple[int, ...],
+          errors: list | None) -> np.ndarray:
+  """`transform(k, images[k])` for every image, stacked into a uint8 `(b, *shape)` batch.
+
+  With a list `errors`, an ENCODED image that cannot be decoded (corrupt, truncated, not an
+  image) is left as zeros and `errors[k]` gets the reason (the loader skips it); otherwise, and
+  for arrays, the error is raised.
+  """
+  out = np.zeros((len(images), *shape), np.uint8)
+  if errors is not None:
+    errors[:] = [None] * len(images)
+  for k, img in enumerate(images):
+    try:
+      out[k] = transform(k, img)
+    except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError, truncated, ...
+      if errors is None or not isinstance(img, (bytes, bytearray, memoryview)):
+        raise
+      errors[k] = f'{type(e).__name__}: {e}'
+  return out
+
+
 def augment_imagenet(images, u: np.ndarray, crop: int = 224,
-                     resize_range: tuple[int, int] = (256, 480)) -> np.ndarray:
+                     resize_range: tuple[int, int] = (256, 480),
+                     errors: list | None = None) -> np.ndarray:
   """He et al. (2016) training augmentation, host part: shorter side resized to a random size in
   `resize_range` (`u[:, 0]`), a random `crop` x `crop` crop (`u[:, 1:3]`), a random flip
   (`u[:, 3] < 0.5`). Only the crop is resized (`_resized_crop`).
@@ -420,6 +528,7 @@ def augment_imagenet(images, u: np.ndarray, crop: int = 224,
   Args:
     images: `b` images, each encoded bytes or a uint8 array `(h, w[, 1 or 3])`.
     u: `(b, NUM_UNIFORMS)` uniforms in [0, 1); columns 4-7 drive `colour_lighting`.
+    errors: see `_each` (undecodable encoded images recorded instead of raised).
 
   Returns:
     `(b, crop, crop, 3)` uint8. The colour jitter and lighting follow on the device
@@ -427,23 +536,22 @@ def augment_imagenet(images, u: np.ndarray, crop: int = 224,
   """
   if len(images) != len(u):
     raise ValueError(f'{len(images)} images but {len(u)} rows of uniforms.')
-  out = np.empty((len(images), crop, crop, 3), np.uint8)
-  for k, img in enumerate(images):
+
+  def one(k, img):
     size = int(resize_range[0] + u[k, 0] * (resize_range[1] - resize_range[0] + 1))
-    out[k] = _resized_crop(img, min(max(size, crop), resize_range[1]), crop, u[k, 1], u[k, 2])
-    if u[k, 3] < 0.5:
-      out[k] = out[k, :, ::-1]
-  return out
+    out = _resized_crop(img, min(max(size, crop), resize_range[1]), crop, u[k, 1], u[k, 2])
+    return out[:, ::-1] if u[k, 3] < 0.5 else out
+
+  return _each(images, one, (crop, crop, 3), errors)
 
 
-def center_crop_imagenet(images, crop: int = 224, resize: int = 256) -> np.ndarray:
+def center_crop_imagenet(images, crop: int = 224, resize: int = 256,
+                         errors: list | None = None) -> np.ndarray:
   """Evaluation: shorter side resized to `resize`, central `crop` x `crop` (only that window is
   computed, `_resized_crop`). `images`: encoded bytes or uint8 arrays; returns `(b, crop, crop,
-  3)` uint8."""
-  out = np.empty((len(images), crop, crop, 3), np.uint8)
-  for k, img in enumerate(images):
-    out[k] = _resized_crop(img, max(resize, crop), crop, None, None)
-  return out
+  3)` uint8; `errors`: see `_each`."""
+  return _each(images, lambda k, img: _resized_crop(img, max(resize, crop), crop, None, None),
+               (crop, crop, 3), errors)
 
 
 def colour_lighting(images, u, colour: float = COLOUR, lighting: float = LIGHTING):
@@ -491,30 +599,60 @@ def colour_lighting(images, u, colour: float = COLOUR, lighting: float = LIGHTIN
   return jnp.clip(x, 0.0, 1.0)
 
 
-def make_augment(config, train: bool) -> Callable[[Any, np.ndarray], np.ndarray]:
-  """The augmentation of `config.augment`: 'none', 'flip', 'flip_crop' or 'imagenet'."""
+def make_augment(config, train: bool) -> Callable[..., Any]:
+  """The augmentation of `config.augment` ('none', 'flip', 'flip_crop' or 'imagenet'):
+  `(images, uniforms (b, NUM_UNIFORMS), errors=None) -> uint8 batch` (or a dict of it and
+  further per-example arrays); `errors` as in `_each`."""
   kind = config.augment
   if kind == 'imagenet':
     if train:
       # The batch carries the colour/lighting uniforms for the train step (`colour_lighting`).
-      return lambda x, u: {'image': augment_imagenet(
-          x, u, crop=config.image_size, resize_range=tuple(config.resize_range)),
-                           'colour': np.ascontiguousarray(u[:, 4:8], np.float32)}
-    return lambda x, u: center_crop_imagenet(x, crop=config.image_size,
-                                             resize=config.eval_resize)
+      return lambda x, u, errors=None: {
+          'image': augment_imagenet(x, u, crop=config.image_size,
+                                    resize_range=tuple(config.resize_range), errors=errors),
+          'colour': np.ascontiguousarray(u[:, 4:8], np.float32)}
+    return lambda x, u, errors=None: center_crop_imagenet(
+        x, crop=config.image_size, resize=config.eval_resize, errors=errors)
   if kind not in ('none', 'flip', 'flip_crop'):
     raise ValueError(f"augment must be 'none', 'flip', 'flip_crop' or 'imagenet', got {kind!r}.")
 
-  def as_array(x):
+  def as_array(x, errors):
+    if isinstance(x, list) and x and isinstance(x[0], (bytes, bytearray, memoryview)):
+      x = _decode_same_size(x, errors)
     x = np.stack(x) if isinstance(x, list) else np.asarray(x)
     if x.ndim == 3 or x.shape[-1] == 1:  # grayscale -> RGB
       x = np.repeat(x.reshape(x.shape[:3] + (1,)), 3, axis=-1)
     return x
 
   if not train or kind == 'none':
-    return lambda x, u: as_array(x)
+    return lambda x, u, errors=None: as_array(x, errors)
   pad = 4 if kind == 'flip_crop' else 0
-  return lambda x, u: augment_flip(as_array(x), u, pad_crop=pad)
+  return lambda x, u, errors=None: augment_flip(as_array(x, errors), u, pad_crop=pad)
+
+
+class ImageSizeError(Exception):
+  """Encoded images of different sizes where the augmentation does not resize them."""
+
+
+def _decode_same_size(images, errors) -> np.ndarray:
+  """Encoded images decoded to RGB `(b, h, w, 3)`, all of the first decodable image's size."""
+  shape = None
+  for img in images:
+    try:
+      shape = np.asarray(_open(img).convert('RGB')).shape
+      break
+    except (OSError, ValueError, SyntaxError):
+      continue
+
+  def decode(k, img):
+    out = np.asarray(_open(img).convert('RGB'))
+    if out.shape != shape:
+      raise ImageSizeError(f"image {k} of the batch is {out.shape[:2]}, another {shape[:2]}: "
+                           "augment 'none'/'flip'/'flip_crop' do not resize; use augment="
+                           "'imagenet' (resize and crop) for images of different sizes.")
+    return out
+
+  return _each(images, decode, shape or (1, 1, 3), errors)
 
 
 # ---------------------------------------------------------------------------
@@ -529,8 +667,11 @@ class Loader:
     global_batch: examples per step over all processes.
     train: shuffle per epoch, drop the last partial batch, augment; else
       sequential order and a padded, masked last batch.
-    augment: `(images, uniforms (b, NUM_UNIFORMS)) -> uint8 (b, h, w, 3)`, or a dict of it
-      (`'image'`) and further per-example arrays that the batch carries too.
+    augment: `(images, uniforms (b, NUM_UNIFORMS), errors=list) -> uint8 (b, h, w, 3)`, or a
+      dict of it (`'image'`) and further per-example arrays that the batch carries too
+      (`make_augment`). An encoded image it cannot decode (reported in `errors`) is skipped:
+      warned once (naming its file), `mask = 0` in the batch, its slot filled with another image
+      of the batch; `skipped` holds the indices.
     seed: data-order and augmentation seed.
     process_index, process_count: this process's part of each global batch.
     num_workers: threads building batches; prefetch: batches built ahead.
@@ -551,6 +692,8 @@ class Loader:
     self.local_batch = global_batch // process_count
     self.num_workers, self.prefetch = max(1, num_workers), max(1, prefetch)
     self.steps_per_epoch = n // global_batch if train else -(-n // global_batch)
+    self.skipped: set[int] = set()  # examples that could not be decoded (warned once each)
+    self._lock = threading.Lock()
 
   def order(self, epoch: int) -> np.ndarray:
     n = len(self.source)
@@ -575,13 +718,32 @@ class Loader:
     inv[sort] = np.arange(len(sort))
     images = [images[i] for i in inv] if isinstance(images, list) else np.asarray(images)[inv]
     labels = np.asarray(labels, np.int32)[inv]
-    images = self.augment(images, u)
+    errors = []
+    images = self.augment(images, u, errors=errors)
     extra = {}
     if isinstance(images, dict):  # the augmentation adds per-example inputs of the train step
       extra = {k: v for k, v in images.items() if k != 'image'}
       images = images['image']
-    return {'image': np.ascontiguousarray(images, np.uint8), 'label': labels, 'mask': mask,
-            **extra}
+    images = np.ascontiguousarray(images, np.uint8)
+    bad = [k for k, e in enumerate(errors) if e]
+    if bad:  # undecodable files: masked out, their slots hold a good image of the batch
+      good = [k for k in range(len(images)) if not errors[k]]
+      for k in bad:
+        self._skip(int(idx[k]), errors[k])
+        mask[k] = 0.0
+        if good:  # so that batch statistics (BN, IMN) only see real images
+          images[k] = images[good[0]]
+    return {'image': images, 'label': labels, 'mask': mask, **extra}
+
+  def _skip(self, index: int, error: str) -> None:
+    """Warns once per example that cannot be decoded (naming its file where the source knows it)."""
+    with self._lock:
+      if index in self.skipped:
+        return
+      self.skipped.add(index)
+    name = getattr(self.source, 'describe', lambda i: f'example {i}')(index)
+    logging.warning('skipping an image that cannot be decoded: %s (%s); it is masked out of '
+                    'every batch it is drawn in', name, error)
 
   def epoch(self, epoch: int, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """Yields this process's batches `start_step, ..., steps_per_epoch - 1` of `epoch`."""

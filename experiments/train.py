@@ -429,17 +429,20 @@ def _scalars(tree) -> dict[str, float]:
   return {k: float(v) for k, v in sharding.to_host(tree).items()}
 
 
-def _rates(sums: dict[str, float], prefix: str) -> dict[str, float]:
+def _rates(sums: dict[str, float], prefix: str, examples: int) -> dict[str, float]:
+  """Mean loss and accuracies over the counted examples; `{prefix}_skipped`: of `examples`,
+  those masked out because their image could not be decoded (`input_pipeline.Loader`)."""
   n = max(sums['count'], 1.0)
   return {f'{prefix}_loss': sums['loss'] / n, f'{prefix}_top1': sums['top1'] / n,
-          f'{prefix}_top5': sums['top5'] / n}
+          f'{prefix}_top5': sums['top5'] / n,
+          f'{prefix}_skipped': int(round(examples - sums['count']))}
 
 
 def evaluate(trainer: Trainer, state, loader, mesh) -> dict[str, float]:
   acc = trainer.zero_acc()
   for batch in loader.epoch(0):
     acc = trainer.eval_step(state, sharding.global_batch(batch, mesh), acc)
-  return _rates(_scalars(acc), 'eval')
+  return _rates(_scalars(acc), 'eval', len(loader.source))
 
 
 # ---------------------------------------------------------------------------
@@ -544,7 +547,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       if not math.isfinite(train_sums['loss']):
         _fail(workdir, writer, main, epoch, step, train_sums['loss'])
       train_time = time.time() - t_epoch
-      metrics = _rates(train_sums, 'train')
+      metrics = _rates(train_sums, 'train', steps_per_epoch * config.batch_size)
       metrics.update(evaluate(trainer, state, eval_loader, mesh))
       monitored = metrics[config.monitor]
       lr = float(sharding.to_host(state.lr_state.lr))
