@@ -1,6 +1,10 @@
-"""The deep sigmoid MLP study (paper 003 Fig. 5) on a tiny fake CIFAR archive, and its errors."""
+"""The deep sigmoid MLP study (paper 003 Fig. 5): its smoke config through experiments.main on a
+tiny fake CIFAR archive, its model and init, and the settings it refuses."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +13,11 @@ import pytest
 
 from experiments import deep_sigmoid_mlp as dsm
 from experiments import input_pipeline
+from experiments import main
+from experiments import models
+from experiments.configs import validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
@@ -19,30 +28,37 @@ def fake_data_dir(tmp_path_factory):
   return d
 
 
-def test_study_runs_end_to_end(fake_data_dir, tmp_path):
+def test_smoke_config_runs_through_main(fake_data_dir, tmp_path, capsys):
   workdir = tmp_path / 'out'
-  lines = []
-  methods = ('plain', 'lcw')
-  out = dsm.run_study(str(workdir), methods, str(fake_data_dir), epochs=2, depth=2, width=8,
-                      batch_size=6, cache_dir=str(tmp_path / 'cache'), log=lines.append)
+  out = main.run_study('deep_sigmoid_mlp', str(workdir), 'smoke', data_dir=str(fake_data_dir),
+                       cache_dir=str(tmp_path / 'cache'), batch_size=6)
+  printed = capsys.readouterr().out
   with open(workdir / 'results.json') as f:
     summary = json.load(f)
+  with open(workdir / 'config.json') as f:
+    assert json.load(f)['study'] == 'deep_sigmoid_mlp'
+  methods = ('sp', 'lcw')
   assert set(summary['final_train_loss']) == set(methods)
   for m in methods:
     assert np.isfinite(summary['final_train_loss'][m]), m
     assert 0.0 <= summary['final_test_acc'][m] <= 1.0
     assert len(summary['curves'][m]['train_loss']) == 3  # init + 2 epochs
   # lr x0.95 per epoch from 0.1 (epoch 0 has no lr).
-  np.testing.assert_allclose(summary['curves']['plain']['lr'][1:], [0.1, 0.095], rtol=1e-6)
-  assert summary['config']['num_train'] == 18 and summary['config']['num_test'] == 6
-  assert 'plain 50-layer sigmoid MLP stalls while LCW trains' in summary['claims']
-  assert (workdir / 'curves.png').stat().st_size > 0
-  assert any('paper claim' in line for line in lines)
+  np.testing.assert_allclose(summary['curves']['sp']['lr'][1:], [0.1, 0.095], rtol=1e-6)
+  assert summary['data'] == {'num_train': 18, 'num_test': 6, 'num_classes': 3}
+  assert summary['config']['depth'] == 3 and summary['data_dependent_init'] == ['sp', 'lcw']
+  claim = 'SP 3-layer sigmoid MLP stalls while LCW trains'
+  assert claim in summary['claims'] and f'paper claim: {claim}' in printed
+  assert '| sp |' in printed and '| lcw |' in printed
+  for name in ('results.csv', 'results.md', 'curves.png'):
+    assert (workdir / name).stat().st_size > 0, name
+  assert 'epoch 2/2' in printed  # the per-epoch progress lines
   assert out['results']['lcw']['curves']['test_acc'][0] >= 0.0
 
 
 @pytest.mark.parametrize('method', dsm.METHODS)
 def test_every_method_builds_and_takes_a_train_step(method):
+  assert method in models.PARAMETERIZATIONS  # one vocabulary
   x = jax.random.normal(jax.random.key(1), (8, 6))
   y = jnp.arange(8) % 3
   model = dsm.DeepMLP(method, depth=2, width=5, num_classes=3)
@@ -69,20 +85,39 @@ def test_data_dependent_init_gives_unit_preactivation_variance():
     np.testing.assert_allclose(float(jnp.var(z)), 1.0, rtol=1e-3, err_msg=method)
 
 
-def test_unknown_method_lists_valid_ones(fake_data_dir, tmp_path):
-  with pytest.raises(ValueError, match='valid methods: plain, lcw, bn, bn_lcw, wn, cwn, sn, sl'):
-    dsm.run_study(str(tmp_path), ['plain', 'resnet'], str(fake_data_dir))
-  with pytest.raises(ValueError, match='valid methods'):
-    dsm.check_methods([])
-
-
-def test_missing_data_dir_names_the_flag(tmp_path, monkeypatch):
+def test_bad_settings_are_refused_before_any_work(fake_data_dir, tmp_path, monkeypatch):
+  cases = [
+    (dict(methods='sp,plain'), ('--config.methods=sp,plain: must be distinct comma-separated '
+                                'names among sp, lcw, bn, bn_lcw, wn, cwn, sn, sl')),
+    (dict(methods='sp,lcww'), "(did you mean 'lcw'?)"),
+    (dict(methods='sp,gmp'), 'names among sp, lcw'),  # paper 002's ReLU methods are not here
+    (dict(width=1), '--config.width=1: must be an int >= 2.'),
+    (dict(depth=0), '--config.depth=0: must be an int >= 1.'),
+    (dict(train_examples=100), ('--config.train_examples=100: must be an int >= '
+                                'batch_size=128 or 0 (all).')),
+    (dict(decay_factor=1.5), '--config.decay_factor=1.5: must be a finite number in (0.0, 1.0]'),
+    (dict(learning_rate=float('nan')), '--config.learning_rate=nan: must be a finite number'),
+    (dict(data_dir=str(tmp_path / 'nowhere')), (f'--config.data_dir={tmp_path / "nowhere"}: no '
+                                                'cifar10-jpeg.tar.gz (or cifar-10-binary.tar.gz)')),
+  ]
+  for fields, says in cases:
+    fields.setdefault('data_dir', str(fake_data_dir))
+    with pytest.raises(validate.ConfigError) as e:
+      main.run_study('deep_sigmoid_mlp', str(tmp_path / 'w'), **fields)
+    assert says in str(e.value) and '\n' not in str(e.value), (fields, str(e.value))
   monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
-  with pytest.raises(FileNotFoundError, match='--data_dir'):
-    dsm.run_study(str(tmp_path / 'out'), ['plain'], str(tmp_path / 'nowhere'))
-  with pytest.raises(FileNotFoundError, match='--data_dir'):
-    dsm.run_study(str(tmp_path / 'out'), ['plain'], None)
-  empty = tmp_path / 'empty'
-  empty.mkdir()
-  with pytest.raises(FileNotFoundError, match='--data_dir'):
-    dsm.run_study(str(tmp_path / 'out'), ['plain'], str(empty), cache_dir=str(tmp_path / 'c'))
+  with pytest.raises(validate.ConfigError, match=r'\$GEOPARAM_DATA_DIR=None; set'):
+    main.run_study('deep_sigmoid_mlp', str(tmp_path / 'w'), 'smoke')
+  assert not (tmp_path / 'w').exists()
+
+
+def test_the_shim_refuses_an_old_method_name_with_one_line(tmp_path):
+  """`python -m experiments.deep_sigmoid_mlp` is experiments.main with this study's config."""
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.deep_sigmoid_mlp', f'--workdir={tmp_path / "w"}',
+       '--config.methods=plain,lcw'],
+      check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().count('\n') == 0 and 'plain' in proc.stderr, proc.stderr
+  assert 'names among sp, lcw' in proc.stderr and proc.stdout == ''
+  assert not (tmp_path / 'w').exists()

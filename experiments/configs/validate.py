@@ -198,6 +198,29 @@ def str_tuple(v, config):
     raise _Bad('must be a tuple of names')
 
 
+def by_study(default: Callable, **studies: Callable) -> Callable:
+  """`studies[config.study]` for the studies named here, else `default` (fields shared by name)."""
+  def check(v, config):
+    study = config.get('study') if hasattr(config, 'get') else None
+    return studies.get(study, default)(v, config)
+  return check
+
+
+def mlp_examples(train: bool) -> Callable:
+  """Example counts of the MLP studies: 0 (all of CIFAR-10) or a count, training >= batch_size.
+
+  The generated data of `he_init_depth` (`dataset='synthetic'`) has no 'all': >= 1.
+  """
+  def check(v, config):
+    synthetic = config.get('dataset') == 'synthetic'
+    batch = config.get('batch_size', 1)
+    least = batch if train and _is_int(batch) else 1
+    if not _is_int(v) or v < 0 or (v == 0 and synthetic) or 0 < v < least:
+      what = f'batch_size={batch}' if train else '1'
+      raise _Bad(f'must be an int >= {what}' + ('' if synthetic else ' or 0 (all)'))
+  return check
+
+
 # Accepted names that live in modules importing JAX/flax: looked up only when needed.
 
 def _methods(config=None) -> Sequence[str]:
@@ -225,15 +248,30 @@ def _datasets(config=None) -> Sequence[str]:
   return input_pipeline.DATASETS
 
 
+def _deep_sigmoid_methods() -> Sequence[str]:
+  from experiments import deep_sigmoid_mlp  # pylint: disable=g-import-not-at-top
+  return deep_sigmoid_mlp.METHODS
+
+
+def _he_init(names: str) -> Callable[..., Sequence[str]]:
+  """`ACTIVATIONS`, `INITS` or `DATASETS` of `experiments.he_init_depth`."""
+  def get(config=None):
+    from experiments import he_init_depth  # pylint: disable=g-import-not-at-top
+    return getattr(he_init_depth, names)
+  return get
+
+
 # Field name (or fnmatch pattern, tried in order after the exact names) -> check.
 RULES: dict[str, Callable] = {
   # Which study, data.
   'study': choice(STUDIES),
-  'dataset': choice(_datasets),
+  'dataset': by_study(choice(_datasets), he_init_depth=choice(_he_init('DATASETS'))),
   'data_dir': optional_str,
   'cache_dir': optional_str,
   'download': boolean,
-  'train_examples': COUNT,
+  'train_examples': by_study(COUNT, deep_sigmoid_mlp=mlp_examples(True),
+                            he_init_depth=mlp_examples(True)),
+  'test_examples': mlp_examples(False),
   'eval_examples': COUNT,
   'augment': choice(AUGMENTS),
   'image_size': AT_LEAST_ONE,
@@ -250,9 +288,12 @@ RULES: dict[str, Callable] = {
   'model': choice(_models),
   'layers': layer_spec,
   'method': choice(_vision_methods),
-  'methods': names_list(_methods),
+  'methods': by_study(names_list(_methods), deep_sigmoid_mlp=names_list(_deep_sigmoid_methods)),
+  'activations': names_list(_he_init('ACTIVATIONS')),
+  'inits': names_list(_he_init('INITS')),
+  'depth': AT_LEAST_ONE,
   'hidden': AT_LEAST_ONE,
-  'width': POSITIVE_REAL,
+  'width': by_study(POSITIVE_REAL, deep_sigmoid_mlp=integer(2), he_init_depth=AT_LEAST_ONE),
   'weight_scale': POSITIVE_REAL,
   'stage_sizes': int_tuple(1),
   'dropout_rate': real(0.0, 1.0, open_high=True),
@@ -384,6 +425,8 @@ def check_data(config) -> None:
     except ValueError as e:
       message = str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
       raise ConfigError(f'--config.datasets={config.datasets}: {message}') from None
+  if _reads_cifar10(config) and not config.get('download', False):
+    _check_cifar10(config.get('data_dir'))
   needed = DATA_FILES.get(config.get('study'))
   if needed and not config.get('download', False):
     from experiments import download  # pylint: disable=g-import-not-at-top (stdlib only)
@@ -391,6 +434,27 @@ def check_data(config) -> None:
       download.find(needed, config.get('data_dir'), flag='--config.data_dir', error=_Bad)
     except _Bad as e:
       raise ConfigError(f'--config.data_dir={config.get("data_dir")}: {e}') from None
+
+
+def _reads_cifar10(config) -> bool:
+  """Whether the study reads the CIFAR-10 archive (`cifar_arrays.load_flat_arrays`)."""
+  study = config.get('study')
+  return study == 'deep_sigmoid_mlp' or (study == 'he_init_depth' and
+                                         config.get('dataset') == 'cifar10')
+
+
+def _check_cifar10(data_dir: str | None) -> None:
+  """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a CIFAR-10 archive."""
+  from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
+  resolved = input_pipeline.resolve_data_dir(data_dir)
+  names = (input_pipeline.JPEG_ARCHIVE, input_pipeline.CIFAR10_BINARY)
+  if resolved and any(os.path.isfile(os.path.join(resolved, n)) for n in names):
+    return
+  where = (f'data_dir {resolved!r}' if data_dir else
+           f'$GEOPARAM_DATA_DIR={os.environ.get("GEOPARAM_DATA_DIR")!r}')
+  raise ConfigError(f'--config.data_dir={data_dir}: no {names[0]} (or {names[1]}) in {where}; '
+                    'set --config.data_dir (or GEOPARAM_DATA_DIR) to the folder holding it, or '
+                    '--config.download=True to fetch the official archive (170 MB).')
 
 
 # ---------------------------------------------------------------------------
