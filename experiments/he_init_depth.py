@@ -12,90 +12,50 @@ linear softmax output; SGD with momentum 0.9, lr 0.01, batch 128, weight decay
 5e-4 masked with `geoparam.decay_mask` (no decay on biases and PReLU slopes).
 Data (default `synthetic`): a 10-class Gaussian mixture in 100 dimensions (8192
 train, 2048 test points; class means N(0, I), noise N(0, 3^2 I), then scaled to
-unit variance); `cifar10`
-uses the CIFAR-10 JPEG archive (`--data_dir` or $GEOPARAM_DATA_DIR, subset
-sizes as flags), loaded as in `experiments.deep_sigmoid_mlp`.
+unit variance); `cifar10` uses the CIFAR-10 archive
+(`experiments.cifar_arrays.load_flat_arrays`). The launch commands are in the
+config's docstring:
 
-  python -m experiments.he_init_depth --workdir=/tmp/he_init
-  python -m experiments.he_init_depth --workdir=/tmp/he_init_cifar --data=cifar10 \
-      --data_dir=../shared/data --train_examples=10000
+  python -m experiments.main --config=experiments/configs/he_init_depth.py --workdir=/tmp/he_init
 
-Writes to `workdir`: `results.json` (per run `<activation>_<init>`: final train
-loss, test accuracy, per-epoch curves, the std of every layer's pre-activation
-at init; the claims against the measurements) and `curves.png` (train loss and
-test accuracy per epoch, and the pre-activation std per layer at init).
+The training loop is `experiments.protocol.train_epochs`. Writes to `workdir`:
+`results.json` (per run `<activation>_<init>`: final train loss, test accuracy,
+per-epoch curves, the std of every layer's pre-activation at init; the claims
+against the measurements), `results.csv`, `results.md` and `curves.png` (train
+loss and test accuracy per epoch, and the pre-activation std per layer at init).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
-from typing import Any, Sequence
+from typing import Any
 
-from absl import app
-from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-import optax
 
 import geoparam
-
-FLAGS = flags.FLAGS
+from experiments import cifar_arrays
+from experiments import protocol
+from experiments import report
+from experiments.configs import validate
 
 ACTIVATIONS = ('relu', 'prelu')
 INITS = ('glorot', 'he')
 DATASETS = ('synthetic', 'cifar10')
 PRELU_INIT = 0.25
-
-
-def define_flags():
-  """CLI flags; defined only when run as a script (tests and notebooks import the module)."""
-  flags.DEFINE_string('workdir', None, 'Directory for results.json and curves.png.')
-  flags.DEFINE_list('activations', list(ACTIVATIONS), f'Among {", ".join(ACTIVATIONS)}.')
-  flags.DEFINE_list('inits', list(INITS), f'Among {", ".join(INITS)}.')
-  flags.DEFINE_enum('data', 'synthetic', list(DATASETS), 'Generated mixture or CIFAR-10.')
-  flags.DEFINE_string('data_dir', None, 'For --data=cifar10: folder holding cifar10-jpeg.tar.gz '
-                      '(default: $GEOPARAM_DATA_DIR).')
-  flags.DEFINE_string('cache_dir', None, 'Cache of the decoded archive (default ~/.cache/geoparam).')
-  flags.DEFINE_bool('download', False, 'For --data=cifar10 with no archive in --data_dir: fetch '
-                    'the official CIFAR-10 archive (170 MB) into the cache dir.')
-  flags.DEFINE_integer('train_examples', 8192, 'Training examples (cifar10: 0 = all).')
-  flags.DEFINE_integer('test_examples', 2048, 'Test examples (cifar10: 0 = all).')
-  flags.DEFINE_integer('depth', 30, 'Hidden layers.')
-  flags.DEFINE_integer('width', 256, 'Units per hidden layer.')
-  flags.DEFINE_integer('epochs', 10, 'Epochs.')
-  flags.DEFINE_integer('batch_size', 128, 'Minibatch size.')
-  flags.DEFINE_float('lr', 0.01, 'SGD learning rate.')
-  flags.DEFINE_float('momentum', 0.9, 'SGD momentum.')
-  flags.DEFINE_float('weight_decay', 5e-4, 'Weight decay (kernels only).')
-  flags.DEFINE_integer('seed', 0, 'Seed of the data, init and data order.')
-
-
-def _check(names, valid, what) -> tuple[str, ...]:
-  if isinstance(names, str):
-    names = [n for n in names.split(',') if n]
-  names = tuple(names)
-  unknown = [n for n in names if n not in valid]
-  if unknown or not names:
-    raise ValueError(f'unknown {what} {unknown or list(names)}; valid {what}: {", ".join(valid)}.')
-  return names
-
-
-def check_activations(names):
-  return _check(names, ACTIVATIONS, 'activations')
-
-
-def check_inits(names):
-  return _check(names, INITS, 'inits')
+INIT_TRAIN_EXAMPLES = 2048  # training examples evaluated at initialization
+STD_EXAMPLES = 512  # examples of the pre-activation stds at init
 
 
 def kernel_init(init: str, activation: str):
   """Glorot normal, or He normal for the activation's (initial) negative slope."""
-  check_inits([init])
+  if init not in INITS:
+    raise ValueError(f'unknown init {init!r}; accepted: {", ".join(INITS)}.')
   if init == 'glorot':
     return nn.initializers.glorot_normal()
   return geoparam.he_normal(negative_slope=PRELU_INIT if activation == 'prelu' else 0.0)
@@ -111,8 +71,11 @@ class DeepRectifierMLP(nn.Module):
   num_classes: int = 10
 
   @nn.compact
-  def __call__(self, x):
-    check_activations([self.activation])
+  def __call__(self, x, train: bool = False):
+    del train  # no layer behaves differently in training
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f'unknown activation {self.activation!r}; accepted: '
+                       f'{", ".join(ACTIVATIONS)}.')
     k_init = kernel_init(self.weight_init, self.activation)
     x = x.reshape(x.shape[0], -1)
     for i in range(self.depth):
@@ -144,17 +107,13 @@ def make_synthetic(train_examples: int, test_examples: int, seed: int, dim: int 
   return out
 
 
-def load_data(data: str, train_examples: int, test_examples: int, seed: int,
-              data_dir: str | None = None, cache_dir: str | None = None,
-              download: bool = False):
-  if data not in DATASETS:
-    raise ValueError(f'unknown data {data!r}; valid: {", ".join(DATASETS)}.')
-  if data == 'synthetic':
-    return make_synthetic(train_examples, test_examples, seed)
-  from experiments import deep_sigmoid_mlp  # pylint: disable=g-import-not-at-top
-
-  return deep_sigmoid_mlp.load_cifar(data_dir, train_examples, test_examples, seed, cache_dir,
-                                     download)
+def load_data(config) -> dict[str, Any]:
+  """The generated mixture or CIFAR-10 (flattened), as `config.dataset` says."""
+  if config.dataset == 'synthetic':
+    return make_synthetic(config.train_examples, config.test_examples, config.seed)
+  return cifar_arrays.load_flat_arrays(config.data_dir, config.train_examples,
+                                       config.test_examples, config.seed, config.cache_dir,
+                                       config.download)
 
 
 def preactivation_std(model, variables, x) -> list[float]:
@@ -165,190 +124,114 @@ def preactivation_std(model, variables, x) -> list[float]:
   return [float(jnp.std(inter[n]['__call__'][0])) for n in names]
 
 
-def train_run(activation: str, init: str, data, *, depth: int, width: int, epochs: int,
-              batch_size: int, lr: float, momentum: float, weight_decay: float, seed: int,
-              log=print) -> dict[str, Any]:
-  """Trains one (activation, init) pair; one jitted scan per epoch."""
-  x_train, y_train = jnp.asarray(data['x_train']), jnp.asarray(data['y_train'])
-  x_test, y_test = jnp.asarray(data['x_test']), jnp.asarray(data['y_test'])
-  n = len(y_train)
-  steps = n // batch_size
-  if steps < 1:
-    raise ValueError(f'{n} training examples are fewer than one batch ({batch_size}).')
-  model = DeepRectifierMLP(activation, init, depth=depth, width=width,
+def train_run(activation: str, init: str, data, config, log=print) -> dict[str, Any]:
+  """Trains one (activation, init) pair (`protocol.train_epochs`, constant rate)."""
+  x_train = jnp.asarray(data['x_train'])
+  model = DeepRectifierMLP(activation, init, depth=config.depth, width=config.width,
                            num_classes=data['num_classes'])
-  key_init, key_data = jax.random.split(jax.random.key(seed))
-  params = model.init(key_init, x_train[:batch_size])['params']
-  init_std = preactivation_std(model, {'params': params}, x_train[:512])
-  opt = optax.chain(optax.add_decayed_weights(weight_decay, mask=geoparam.decay_mask),
-                    optax.sgd(lr, momentum=momentum))
-
-  def loss_fn(params, x, y):
-    logits = model.apply({'params': params}, x)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-  @jax.jit
-  def run_epoch(params, opt_state, key):
-    order = jax.random.permutation(key, n)[:steps * batch_size].reshape(steps, batch_size)
-
-    def step(carry, idx):
-      params, opt_state = carry
-      loss, grads = jax.value_and_grad(loss_fn)(params, x_train[idx], y_train[idx])
-      updates, opt_state = opt.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), loss
-
-    (params, opt_state), loss = jax.lax.scan(step, (params, opt_state), order)
-    return params, opt_state, jnp.mean(loss)
-
-  @jax.jit
-  def evaluate(params, x, y):
-    logits = model.apply({'params': params}, x)
-    return (optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(),
-            jnp.mean(jnp.argmax(logits, -1) == y))
-
-  t0 = time.perf_counter()
-  opt_state = opt.init(params)
-  tr0, _ = evaluate(params, x_train[:2048], y_train[:2048])
-  te_loss, te_acc = evaluate(params, x_test, y_test)
-  curves = {'train_loss': [float(tr0)], 'test_loss': [float(te_loss)],
-            'test_acc': [float(te_acc)]}
-  name = f'{activation}_{init}'
-  for epoch in range(1, epochs + 1):
-    params, opt_state, tr_loss = run_epoch(params, opt_state, jax.random.fold_in(key_data, epoch))
-    te_loss, te_acc = evaluate(params, x_test, y_test)
-    for k, v in zip(('train_loss', 'test_loss', 'test_acc'), (tr_loss, te_loss, te_acc)):
-      curves[k].append(float(v))
-    log(f'[he_init_depth] {name} epoch {epoch}/{epochs}: train loss {float(tr_loss):.4f}, '
-        f'test loss {float(te_loss):.4f} acc {float(te_acc):.3f} '
-        f'({time.perf_counter() - t0:.0f} s)')
-  out = dict(curves=curves, preactivation_std_at_init=init_std,
-             final_train_loss=curves['train_loss'][-1], final_test_acc=curves['test_acc'][-1],
-             seconds=time.perf_counter() - t0)
+  key_init, key_data = jax.random.split(jax.random.key(config.seed))
+  params = model.init(key_init, x_train[:config.batch_size])['params']
+  out = protocol.train_epochs(
+      model, {'params': params}, data, num_epochs=config.num_epochs,
+      batch_size=config.batch_size, learning_rate=config.learning_rate, key=key_data,
+      optimizer=protocol.masked_sgd(config.momentum, config.weight_decay),
+      init_train_examples=INIT_TRAIN_EXAMPLES, log=log,
+      label=f'[he_init_depth] {activation}_{init}')
+  out['preactivation_std_at_init'] = preactivation_std(model, {'params': params},
+                                                       x_train[:STD_EXAMPLES])
   if activation == 'prelu':
-    slopes = [np.asarray(params[f'prelu_{i}']['negative_slope']) for i in range(depth)]
-    out['prelu_mean_slope_per_layer'] = [float(s.mean()) for s in slopes]
+    final = out['variables']['params']
+    out['prelu_mean_slope_per_layer'] = [
+        float(np.asarray(final[f'prelu_{i}']['negative_slope']).mean())
+        for i in range(config.depth)]
   return out
 
 
-def stalled(result, num_classes: int) -> bool:
-  """No learning: final train loss within 5% of chance level ln(K) (or not finite)."""
-  loss = result['final_train_loss']
-  return not math.isfinite(loss) or loss > 0.95 * math.log(num_classes)
-
-
 def check_claims(results, num_classes: int) -> dict[str, str]:
+  """Paper 001's claim per activation; a non-finite loss gets no verdict."""
   out = {}
   for act in ACTIVATIONS:
     g, h = results.get(f'{act}_glorot'), results.get(f'{act}_he')
     if g is None or h is None:
       continue
-    holds = stalled(g, num_classes) and not stalled(h, num_classes)
-    out[f'{act}: Glorot stalls and He trains'] = (
-        f'{"holds" if holds else "does not hold"} (final train loss Glorot '
-        f'{g["final_train_loss"]:.4f}, He {h["final_train_loss"]:.4f}; chance ln K = '
-        f'{math.log(num_classes):.3f}; test acc Glorot {g["final_test_acc"]:.3f}, He '
-        f'{h["final_test_acc"]:.3f})')
+    holds = (protocol.stalled(g['final_train_loss'], num_classes)
+             and not protocol.stalled(h['final_train_loss'], num_classes))
+    out[f'{act}: Glorot stalls and He trains'] = report.claim(
+        holds, 'final train loss Glorot {:.4f}, He {:.4f}; chance ln K = {:.3f}; test acc '
+        'Glorot {:.3f}, He {:.3f}', g['final_train_loss'], h['final_train_loss'],
+        math.log(num_classes), g['final_test_acc'], h['final_test_acc'])
   return out
 
 
-def plot(results, workdir):
+def plot(results, config, num_train: int, workdir: str) -> list[str]:
+  """curves.png: train loss, test accuracy per epoch, pre-activation std per layer at init."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-  for name, r in results.items():
-    c = r['curves']
-    axes[0].plot(range(len(c['train_loss'])), c['train_loss'], 'o-', ms=3, label=name)
-    axes[1].plot(range(len(c['test_acc'])), c['test_acc'], 'o-', ms=3, label=name)
-    axes[2].semilogy(range(1, len(r['preactivation_std_at_init']) + 1),
-                     r['preactivation_std_at_init'], '.-', label=name)
-  axes[0].set_ylabel('train loss (epoch 0: at init)')
-  axes[1].set_ylabel('test accuracy')
+  fig, axes = plt.subplots(1, 3, figsize=(15, 3.9))
+  protocol.plot_epoch_curves(axes, results)
+  for i, (name, r) in enumerate(results.items()):
+    std = r['preactivation_std_at_init']
+    axes[2].semilogy(range(1, len(std) + 1), std, marker='.', ls=('-', '--', '-.', ':')[i % 4],
+                     label=name)
   axes[2].set_ylabel('pre-activation std at init')
-  axes[2].set_xlabel('layer')
-  for ax in axes[:2]:
-    ax.set_xlabel('epoch')
-  for ax in axes:
-    ax.legend(fontsize=8)
-  fig.suptitle('Glorot vs He init, deep rectifier MLP (paper 001)')
+  axes[2].set_xlabel('layer (last: output)')
+  axes[2].set_title(f'signal at init ({STD_EXAMPLES} training examples)', fontsize=10)
+  axes[2].legend(fontsize=8, loc='center left', bbox_to_anchor=(1.02, 0.5))
+  fig.suptitle(f'Glorot vs He init, {config.depth}-layer rectifier MLP on {config.dataset} '
+               f'({num_train} training examples), seed {config.seed} (one run each; paper 001)',
+               fontsize=10)
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, 'curves.png'), dpi=120)
   plt.close(fig)
+  return ['curves.png']
 
 
-def run_study(workdir: str, activations: Sequence[str] = ACTIVATIONS,
-              inits: Sequence[str] = INITS, data: str = 'synthetic', *,
-              data_dir: str | None = None, cache_dir: str | None = None,
-              train_examples: int = 8192, test_examples: int = 2048, depth: int = 30,
-              width: int = 256, epochs: int = 10, batch_size: int = 128, lr: float = 0.01,
-              momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-              make_plots: bool = True, log=print, download: bool = False) -> dict[str, Any]:
-  """Runs every (activation, init) pair; writes results.json and curves.png.
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs every (activation, init) pair of `config` (`experiments/configs/he_init_depth.py`).
 
-  `download=True` (data='cifar10'): fetch CIFAR-10 when no data directory holds it.
+  Returns `{'summary': what results.json holds, 'results': run -> train_epochs result}`.
   """
-  activations, inits = check_activations(activations), check_inits(inits)
-  if depth < 1 or width < 1 or epochs < 1 or batch_size < 1:
-    raise ValueError(f'depth, width, epochs and batch_size must be >= 1, got {depth}, {width}, '
-                     f'{epochs}, {batch_size}.')
-  dataset = load_data(data, train_examples, test_examples, seed, data_dir, cache_dir, download)
+  validate.check_config(config)
+  data = load_data(config)
+  num_train, num_test, k = len(data['y_train']), len(data['y_test']), data['num_classes']
   os.makedirs(workdir, exist_ok=True)
-  log(f'[he_init_depth] {data}: {len(dataset["y_train"])} train / {len(dataset["y_test"])} test, '
-      f'{depth} x {width} hidden, {epochs} epochs')
+  print(f'[he_init_depth] {config.dataset}: {num_train} train / {num_test} test, {config.depth} '
+        f'x {config.width} hidden, {config.num_epochs} epochs', flush=True)
   t_start = time.perf_counter()
-  results = {}
-  for act in activations:
-    for init in inits:
-      results[f'{act}_{init}'] = train_run(
-          act, init, dataset, depth=depth, width=width, epochs=epochs, batch_size=batch_size,
-          lr=lr, momentum=momentum, weight_decay=weight_decay, seed=seed, log=log)
-  k = dataset['num_classes']
+  results = {f'{act}_{init}': train_run(act, init, data, config,
+                                        log=lambda s: print(s, flush=True))
+             for act in validate.split_names(config.activations)
+             for init in validate.split_names(config.inits)}
+  keep = ('curves', 'preactivation_std_at_init', 'prelu_mean_slope_per_layer', 'seconds',
+          'final_train_loss', 'final_train_acc', 'final_test_loss', 'final_test_acc')
   summary = {
       'final_train_loss': {m: r['final_train_loss'] for m, r in results.items()},
       'final_test_acc': {m: r['final_test_acc'] for m, r in results.items()},
-      'stalled': {m: stalled(r, k) for m, r in results.items()},
-      'runs': results,
-      'claims': check_claims(results, k),
-      'config': dict(activations=list(activations), inits=list(inits), data=data,
-                     num_train=int(len(dataset['y_train'])), num_test=int(len(dataset['y_test'])),
-                     depth=depth, width=width, epochs=epochs, batch_size=batch_size, lr=lr,
-                     momentum=momentum, weight_decay=weight_decay, seed=seed,
-                     prelu_init=PRELU_INIT),
-      'wall_seconds': time.perf_counter() - t_start,
+      'stalled': {m: protocol.stalled(r['final_train_loss'], k) for m, r in results.items()},
+      'runs': {m: {key: r[key] for key in keep if key in r} for m, r in results.items()},
+      'data': dict(num_train=num_train, num_test=num_test, num_classes=k),
+      'prelu_init': PRELU_INIT,
   }
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
-  if make_plots:
-    plot(results, workdir)
-  log('| run | final train loss | final test acc | last-layer pre-act std at init | seconds |')
-  log('| --- | --- | --- | --- | --- |')
-  for m, r in results.items():
-    log(f'| {m} | {r["final_train_loss"]:.4f} | {r["final_test_acc"]:.3f} | '
-        f'{r["preactivation_std_at_init"][-1]:.3g} | {r["seconds"]:.0f} |')
-  for claim, verdict in summary['claims'].items():
-    log(f'[he_init_depth] paper claim: {claim}: {verdict}')
-  log(f'[he_init_depth] wrote results.json{", curves.png" if make_plots else ""} to {workdir} '
-      f'in {summary["wall_seconds"]:.1f} s')
+  rows = [dict(run=m, final_train_loss=r['final_train_loss'], final_test_acc=r['final_test_acc'],
+               stalled=summary['stalled'][m], last_preactivation_std_at_init=(
+                   r['preactivation_std_at_init'][-1]), seconds=r['seconds'])
+          for m, r in results.items()]
+  table = report.markdown_table(
+      ['run', 'final train loss', 'final test acc', 'last-layer pre-act std at init', 'seconds'],
+      [[m, f'{r["final_train_loss"]:.4f}', f'{r["final_test_acc"]:.3f}',
+        f'{r["preactivation_std_at_init"][-1]:.3g}', f'{r["seconds"]:.0f}']
+       for m, r in results.items()])
+  figures = plot(results, config, num_train, workdir) if config.plots else []
+  summary = report.write(workdir, 'he_init_depth', summary=summary, rows=rows, table=table,
+                         claims=check_claims(results, k), config=config, started=t_start,
+                         figures=figures)
   return {'summary': summary, 'results': results}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS.workdir:
-    raise app.UsageError('--workdir is required (a directory for results.json and curves.png).')
-  try:
-    check_activations(FLAGS.activations)
-    check_inits(FLAGS.inits)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  run_study(FLAGS.workdir, FLAGS.activations, FLAGS.inits, FLAGS.data, data_dir=FLAGS.data_dir,
-            cache_dir=FLAGS.cache_dir, train_examples=FLAGS.train_examples,
-            test_examples=FLAGS.test_examples, depth=FLAGS.depth, width=FLAGS.width,
-            epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, lr=FLAGS.lr,
-            momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay, seed=FLAGS.seed,
-            download=FLAGS.download)
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
+                           'he_init_depth.py')
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  from experiments import main as _main  # pylint: disable=g-import-not-at-top
+  _main.cli(CONFIG_FILE)

@@ -1,32 +1,44 @@
-"""The Glorot-vs-He depth study (paper 001) on tiny generated data, and its errors."""
+"""The Glorot-vs-He depth study (paper 001): its smoke config through experiments.main on
+generated data, the signal at init, and the settings it refuses."""
 
 import json
-import math
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
 from experiments import he_init_depth as hid
+from experiments import main
+from experiments.configs import validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_study_runs_end_to_end(tmp_path):
+def test_smoke_config_runs_through_main(tmp_path, capsys):
   workdir = tmp_path / 'out'
-  lines = []
-  hid.run_study(str(workdir), activations=['prelu'], train_examples=32, test_examples=16,
-                depth=3, width=8, epochs=2, batch_size=16, log=lines.append)
+  main.run_study('he_init_depth', str(workdir), 'smoke', activations='prelu', depth=3, width=8,
+                 batch_size=16, train_examples=32, test_examples=16)
+  printed = capsys.readouterr().out
   with open(workdir / 'results.json') as f:
     summary = json.load(f)
+  with open(workdir / 'config.json') as f:
+    assert json.load(f)['study'] == 'he_init_depth'
   runs = {'prelu_glorot', 'prelu_he'}
   assert set(summary['final_train_loss']) == runs
   for name in runs:
     assert np.isfinite(summary['final_train_loss'][name])
-    assert len(summary['runs'][name]['curves']['test_acc']) == 3
+    assert len(summary['runs'][name]['curves']['test_acc']) == 3  # init + 2 epochs
+    assert summary['runs'][name]['curves']['lr'][1:] == [0.01, 0.01]  # constant
     assert len(summary['runs'][name]['preactivation_std_at_init']) == 4  # 3 hidden + output
   assert len(summary['runs']['prelu_he']['prelu_mean_slope_per_layer']) == 3
   assert set(summary['claims']) == {'prelu: Glorot stalls and He trains'}
-  assert (workdir / 'curves.png').stat().st_size > 0
-  assert any('paper claim' in line for line in lines)
+  assert summary['data'] == {'num_train': 32, 'num_test': 16, 'num_classes': 10}
+  for name in ('results.csv', 'results.md', 'curves.png'):
+    assert (workdir / name).stat().st_size > 0, name
+  assert 'paper claim' in printed and 'prelu_he epoch 2/2' in printed
 
 
 def test_glorot_shrinks_the_signal_and_he_keeps_it():
@@ -43,13 +55,38 @@ def test_glorot_shrinks_the_signal_and_he_keeps_it():
   assert 0.5 < stds['he'][7] / stds['he'][1] < 2.0
 
 
-def test_bad_input(tmp_path, monkeypatch):
-  with pytest.raises(ValueError, match='valid activations: relu, prelu'):
-    hid.run_study(str(tmp_path), activations=['tanh'])
-  with pytest.raises(ValueError, match='valid inits: glorot, he'):
-    hid.run_study(str(tmp_path), inits=['lecun'])
-  with pytest.raises(ValueError, match='valid: synthetic, cifar10'):
-    hid.run_study(str(tmp_path), data='mnist')
+def test_bad_settings_are_refused_before_any_work(tmp_path, monkeypatch):
+  cases = [
+    (dict(activations='relu,tanh'), ('--config.activations=relu,tanh: must be distinct '
+                                     'comma-separated names among relu, prelu')),
+    (dict(inits='lecun'), ('--config.inits=lecun: must be distinct comma-separated names among '
+                           'glorot, he')),
+    (dict(dataset='mnist'), '--config.dataset=mnist: must be one of synthetic, cifar10.'),
+    (dict(train_examples=0), '--config.train_examples=0: must be an int >= batch_size=128.'),
+    (dict(test_examples=0), '--config.test_examples=0: must be an int >= 1.'),
+    (dict(width=0), '--config.width=0: must be an int >= 1.'),
+    (dict(weight_decay=-1.0), '--config.weight_decay=-1.0: must be a finite number >= 0.0.'),
+    (dict(dataset='cifar10', data_dir=str(tmp_path / 'nowhere')),
+     f'--config.data_dir={tmp_path / "nowhere"}: no cifar10-jpeg.tar.gz'),
+  ]
+  for fields, says in cases:
+    with pytest.raises(validate.ConfigError) as e:
+      main.run_study('he_init_depth', str(tmp_path / 'w'), **fields)
+    assert says in str(e.value) and '\n' not in str(e.value), (fields, str(e.value))
   monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
-  with pytest.raises(FileNotFoundError, match='--data_dir'):
-    hid.run_study(str(tmp_path), data='cifar10', data_dir=str(tmp_path / 'nowhere'))
+  with pytest.raises(validate.ConfigError, match='no cifar10-jpeg.tar.gz'):
+    main.run_study('he_init_depth', str(tmp_path / 'w'), 'cifar10')
+  assert not (tmp_path / 'w').exists()
+  with pytest.raises(ValueError, match='accepted: relu, prelu'):
+    hid.DeepRectifierMLP('tanh').init(jax.random.key(0), np.zeros((1, 3), np.float32))
+
+
+def test_a_bad_setting_exits_2_with_one_line(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/he_init_depth.py',
+       f'--workdir={tmp_path / "w"}', '--config.inits=glorot,lecun'],
+      check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().count('\n') == 0, proc.stderr
+  assert 'names among glorot, he' in proc.stderr and proc.stdout == ''
+  assert not (tmp_path / 'w').exists()
