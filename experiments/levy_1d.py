@@ -1,26 +1,13 @@
 r"""1-D Levy regression (paper 002, Sec. 3.5, Fig. 2): SP, WN, BN and GmP compared.
 
-Protocol (the paper and its reference notebook): 50 noisy points
-(sigma 0.1) of the Levy function on [-10, 10], test grid step 0.1; MLP with one
-hidden layer of 100 ReLU units; Adam, full batch, MAE loss; LR x0.1 when the
-training loss has not improved for 500 epochs (Keras ReduceLROnPlateau
-semantics) and early stop after 1000 (restoring the best weights); lr 0.1 for
-GmP, 0.01 for the others; float64. Several initialization seeds run together
-under `jax.vmap` inside one jitted `lax.scan` over epochs.
+The protocol and its command are in `experiments/configs/levy_1d.py`. Every seed
+of a method trains in one jitted `experiments.protocol.fit`, which records the
+hidden units' characteristic points (`geoparam.analysis`) after every epoch.
 
-  python -m experiments.main --config=experiments/configs/levy_1d.py --workdir=/tmp/levy
-
-(`python -m experiments.levy_1d --workdir=DIR [--config.x=...]` is the same command.) The
-training is `experiments.protocol.fit` (the Keras protocol shared by the small studies).
-
-Writes to `workdir`: `results.json` (method -> mean test RMSE, and details),
-`results.csv` (one row per method and seed), `predictions.png` (before and
-after training), `boundary_change.png` (log2 of max_i |phi_{i,t+1} - phi_{i,t}|
-per epoch, Fig. 2c) and `location_spectra.png` (predictions above the spectra of
-the 100 characteristic points at chosen steps, Fig. 2 d-g). The points are
-`geoparam.analysis.boundary_location` of the hidden layer, recorded after every
-epoch inside the training scan (`geoparam.analysis.scan_tracked`). results.json
-also states the paper's claims against the measurements (`claims`).
+Writes to `workdir`: results.json/csv/md (test RMSE per method and seed, the
+boundary changes, the paper's claims), `predictions.png` (every seed, before
+and after training), `boundary_change.png` (Fig. 2c: log2 max_i |dphi_i| per
+epoch, max over seeds) and `location_spectra.png` (Fig. 2 d-g, seed 0).
 """
 
 from __future__ import annotations
@@ -29,19 +16,15 @@ import os
 import time
 from typing import Any
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
-from experiments import models
-from experiments import protocol
-from experiments import report
-from experiments.configs import common
-from experiments.configs import validate
+from experiments import models, plotting, protocol, report
+from experiments.configs import common, validate
 from geoparam import analysis
-
 
 NUM_POINTS = 50
 NOISE = 0.1
@@ -65,63 +48,31 @@ def make_data(seed: int, dtype) -> dict[str, np.ndarray]:
           dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test).items()}
 
 
-def hidden_layer(method: str, variables, x_train) -> dict[str, Any]:
-  """The hidden layer in `geoparam.analysis` form, for the function trained on `x_train`.
-
-  Training is full batch, so BN and MBN normalize with the statistics of
-  `x_train` (training mode); those are folded, not the lagging running ones.
-  """
-  p = variables['params']
-  stats = None
-  if method == 'bn':
-    stats = analysis.batch_statistics(x_train @ p['hidden_0']['kernel'])
-  elif method == 'wn_mbn':
-    w, _ = analysis.affine(models.layer_variables(variables, 'wn', 'hidden_0'), 'wn')
-    stats = {'mean': jnp.mean(x_train @ w, axis=0)}
-  return models.layer_variables(variables, method, 'hidden_0', bn_epsilon=1e-3,
-                                  batch_stats=stats)
-
-
 def boundary_points(method: str, variables, x_train) -> jax.Array:
-  """Characteristic points phi (shape `(hidden,)`) of the hidden units, inputs in R^1.
-
-  `geoparam.analysis.boundary_location` of `hidden_layer`: `-b / w` for SP, WN
-  with `w = g v / |v|`, BN/MBN folded with the batch statistics of `x_train`,
-  GmP `-lam * sign`.
-  """
-  return analysis.boundary_location(hidden_layer(method, variables, x_train), method)[:, 0]
+  """Characteristic points phi (shape `(hidden,)`) of the hidden units of the function trained on
+  `x_train` (full batch: BN/MBN folded with its statistics, `models.hidden_layer`)."""
+  layer = models.hidden_layer(variables, method, x_train)
+  return analysis.boundary_location(layer, method)[:, 0]
 
 
-def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int,
-          stop_patience: int, hidden: int, gmp_glorot_scale: bool, dtype,
-          plateau_factor: float = 0.1) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped) in one jitted scan over epochs.
-
-  `experiments.protocol.fit` with the train loss monitored (full batch: the
-  loss of the epoch's one step) and the hidden layer's characteristic points
-  recorded after every epoch.
-  """
-  model = models.MLP(hidden=(hidden,), out=1, method=method, gmp_glorot_scale=gmp_glorot_scale,
-                     param_dtype=dtype)
-  x, y = jnp.asarray(data['x_train']), jnp.asarray(data['y_train'])
-  x_test, y_test = jnp.asarray(data['x_test']), jnp.asarray(data['y_test'])
-  settings = protocol.Protocol(num_epochs=epochs, learning_rate=lr, monitor='loss', mode='min',
-                               plateau_factor=plateau_factor, plateau_patience=plateau_patience,
-                               stop_patience=stop_patience)
+def train(method: str, data, keys, c: ml_collections.ConfigDict, dtype) -> dict[str, Any]:
+  """Trains one method for every key in `keys` (vmapped) with `experiments.protocol.fit`: MAE,
+  the training loss monitored, the characteristic points recorded after every epoch."""
+  model = models.MLP(hidden=(c.hidden,), out=1, method=method,
+                     gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)
+  x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test', 'y_test'))
+  lr = common.paper_lr(method, c.lr_gmp, c.lr_others)
+  settings = protocol.Protocol(num_epochs=c.num_epochs, learning_rate=lr, monitor='loss',
+                               mode='min', plateau_factor=c.plateau_factor,
+                               plateau_patience=c.plateau_patience, stop_patience=c.stop_patience)
 
   def mae(variables, batch, key):
-    del key
-    pred, updates = model.apply(variables, batch[0], train=True,
-                                mutable=[k for k in variables if k != 'params'])
+    pred, updates = models.apply_train(model, variables, batch[0])
     return jnp.mean(jnp.abs(pred - batch[1])), updates
 
-  def predict(variables):
-    return model.apply(variables, x_test, train=False)
-
   def finalize(initial, final, key):
-    del key
-    pred = predict(final)
-    return dict(init_pred=predict(initial)[:, 0], pred=pred[:, 0],
+    pred = model.apply(final, x_test, train=False)
+    return dict(init_pred=model.apply(initial, x_test, train=False)[:, 0], pred=pred[:, 0],
                 rmse=jnp.sqrt(jnp.mean((pred - y_test) ** 2)),
                 final_phi=boundary_points(method, final, x))
 
@@ -129,12 +80,10 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
   out = protocol.fit(
       settings, init=lambda key: model.init(key, x, train=False), loss=mae,
       batches=protocol.full_batch(x, y), members=keys, finalize=finalize,
-      hook=lambda variables, key: analysis.snapshot(hidden_layer(method, variables, x),
+      hook=lambda variables, key: analysis.snapshot(models.hidden_layer(variables, method, x),
                                                     method).location)
   locations = out['track']  # (seeds, epochs + 1, hidden, 1)
-  trace = dict(out['logs'])
-  trace['max_dphi'] = jnp.where(trace['active'],
-                                jax.vmap(analysis.max_location_change)(locations), jnp.nan)
+  trace = dict(out['logs'], **models.boundary_changes(out['logs']['active'], locations))
   out = dict(out['final'], trace=trace, epochs_run=out['epochs_run'], final_lr=out['final_lr'],
              stopped=out['stopped'], locations=locations[..., 0])
   out = jax.tree.map(np.asarray, out)
@@ -146,10 +95,7 @@ def train(method: str, data, keys, epochs: int, lr: float, plateau_patience: int
 
 
 def check_claims(results) -> dict[str, str]:
-  """The paper's Levy claims (Sec. 3.5), stated against what was measured (all seeds).
-
-  A method whose test RMSE is not finite for some seed (a diverged run) gets no verdict.
-  """
+  """The paper's Levy claims (Sec. 3.5) against all seeds; no verdict on a non-finite RMSE."""
   out = {}
   peaks = {m: float(np.nanmax(r['trace']['max_dphi'])) for m, r in results.items()}
   for m, peak in peaks.items():
@@ -171,11 +117,11 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
   best = min(results, key=lambda m: np.mean(results[m]['rmse']))
   rows = []
   for m, r in results.items():
-    cell = report.format_mean_se(r['rmse'])
     dphi = r['trace']['max_dphi']
     peak = np.log2(np.nanmax(dphi)) if np.any(np.isfinite(dphi)) else float('nan')
-    rows.append([m, f'**{cell}**' if m == best else cell, ', '.join(f'{v:.3f}' for v in r['rmse']),
-                 ', '.join(str(int(e)) for e in r['epochs_run']), f'{peak:.1f}'])
+    rows.append([m, report.bold(report.format_mean_se(r['rmse']), m == best),
+                 report.format_values(r['rmse']), report.format_values(r['epochs_run'], 'd'),
+                 f'{peak:.1f}'])
   return report.markdown_table(['method', 'test RMSE (mean +- s.e.)', 'per seed', 'epochs run',
                                 'max log2 max|dphi|'], rows)
 
@@ -199,20 +145,14 @@ def plot(results, data, workdir) -> list[str]:
     ax.set_title(f'{m.upper()}: test RMSE {report.format_mean_se(r["rmse"], 3)}', fontsize=10)
     ax.set_xlabel('x')
   axes[0][0].set_ylabel('y')
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc='lower center', ncol=4, fontsize=8)
-  fig.suptitle(f'Levy regression: predictions of all {n} seeds (RMSE mean +- s.e. over seeds)',
-               fontsize=11)
-  fig.tight_layout(rect=(0, 0.07, 1, 1))
-  fig.savefig(os.path.join(workdir, 'predictions.png'), dpi=120)
-  plt.close(fig)
+  plotting.legend_below(fig, axes[0][0])
+  figures = [plotting.save(
+      fig, workdir, 'predictions.png', rect=(0, 0.07, 1, 1), fontsize=11,
+      title=f'Levy regression: predictions of all {n} seeds (RMSE mean +- s.e. over seeds)')]
 
   fig, ax = plt.subplots(figsize=(7, 3.6))
   for m in methods:
-    dphi = results[m]['trace']['max_dphi']  # (seeds, epochs), NaN after a seed stopped
-    worst = np.full(dphi.shape[1], np.nan)
-    seen = np.any(np.isfinite(dphi), axis=0)
-    worst[seen] = np.nanmax(dphi[:, seen], axis=0)
+    worst = report.max_over_members(results[m]['trace']['max_dphi'])
     ax.plot(np.arange(1, worst.size + 1), np.log2(np.maximum(worst, 1e-300)), lw=0.6,
             label=m.upper())
   ax.axhline(0.0, color='k', lw=0.8, ls=':')
@@ -222,29 +162,19 @@ def plot(results, data, workdir) -> list[str]:
   ax.set_title(f'Change of the characteristic points per step, max over units and {n} seeds',
                fontsize=10)
   ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'boundary_change.png'), dpi=120)
-  plt.close(fig)
-  return ['predictions.png', 'boundary_change.png']
+  return figures + [plotting.save(fig, workdir, 'boundary_change.png')]
 
 
 def spectrum_steps(epochs_run: int, rows: int = SPECTRUM_ROWS) -> list[int]:
-  """Steps from initialization (0) to the last epoch run, geometrically spaced, for the spectra.
-
-  Geometric spacing shows the early epochs, where the points move most.
-  """
+  """Steps from 0 (initialization) to the last epoch run, geometrically spaced (early epochs
+  move most)."""
   last = max(int(epochs_run), 1)
   return sorted({0, *(int(round(v)) for v in np.geomspace(1, last, rows - 1))})
 
 
 def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS) -> list[str]:
-  """location_spectra.png, Fig. 2 d-g: predictions (top) and boundary-point spectra (bottom).
-
-  Seed 0 of each method. Each horizontal bar of the bottom row holds one tick per
-  hidden unit at its characteristic point phi_i, for a chosen step, from
-  initialization (bottom) to the end of training (top); points outside the
-  plotted range are counted at the right.
-  """
+  """location_spectra.png, Fig. 2 d-g, seed 0: predictions (top) and, per chosen step (bottom
+  row, initialization at the bottom), a tick per hidden unit at its phi_i (outside: counted)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   methods = list(results)
@@ -279,21 +209,16 @@ def plot_spectra(results, data, workdir, rows: int = SPECTRUM_ROWS) -> list[str]
     if j == 0:
       ax.set_ylabel('step (epoch)')
   axes[0][0].set_ylabel('y')
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc='lower center', ncol=4, fontsize=8)
-  fig.suptitle('Levy regression, seed 0 of each method: predictions (top) and the characteristic '
-               'points of the hidden units at chosen steps (bottom; grey: the data range)',
-               fontsize=10)
-  fig.tight_layout(rect=(0, 0.04, 1, 1))
-  fig.savefig(os.path.join(workdir, 'location_spectra.png'), dpi=120)
-  plt.close(fig)
-  return ['location_spectra.png']
+  plotting.legend_below(fig, axes[0][0])
+  return [plotting.save(
+      fig, workdir, 'location_spectra.png', rect=(0, 0.04, 1, 1),
+      title='Levy regression, seed 0 of each method: predictions (top) and the characteristic '
+      'points of the hidden units at chosen steps (bottom; grey: the data range)')]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs the study of `config` (`experiments/configs/levy_1d.py`) and writes its files.
+  """Runs the study of `config` and writes its files; float64 only inside (`jax.enable_x64`).
 
-  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
   Returns `{'summary': what results.json holds, 'results': method -> arrays}`.
   """
   validate.check_config(config)
@@ -301,47 +226,34 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return _run(config, workdir)
 
 
-def _run(config, workdir):
-  dtype = np.float64 if config.float64 else np.float32
-  methods = models.check_methods(validate.split_names(config.methods))
-  num_seeds = config.num_seeds
+def _run(c, workdir):
+  dtype = np.float64 if c.float64 else np.float32
   os.makedirs(workdir, exist_ok=True)
-  data = make_data(config.seed, dtype)
-  keys = jax.random.split(jax.random.key(config.seed), num_seeds)
+  data = make_data(c.seed, dtype)
+  keys = jax.random.split(jax.random.key(c.seed), c.num_seeds)
   results = {}
   t_start = time.perf_counter()
-  for m in methods:
-    lr = common.paper_lr(m, config.lr_gmp, config.lr_others)
-    logging.info('training %s (lr %g, %d seeds, up to %d epochs)', m, lr, num_seeds,
-                 config.num_epochs)
-    results[m] = train(m, data, keys, config.num_epochs, lr, config.plateau_patience,
-                       config.stop_patience, config.hidden, config.gmp_glorot_scale, dtype,
-                       plateau_factor=config.plateau_factor)
-    print(f'[levy_1d] {m}: test RMSE {np.mean(results[m]["rmse"]):.4f} '
-          f'({results[m]["seconds"]:.1f} s incl. compile)', flush=True)
-  summary = {
-      'test_rmse': {m: report.mean_se(r['rmse'])[0] for m, r in results.items()},
-      'test_rmse_se': {m: report.mean_se(r['rmse'])[1] for m, r in results.items()},
-      'per_seed': {m: r['rmse'] for m, r in results.items()},
-      'epochs_run': {m: r['epochs_run'] for m, r in results.items()},
-      'max_abs_dphi': {m: np.nanmax(r['trace']['max_dphi']) for m, r in results.items()},
-      'max_abs_dphi_per_seed': {m: np.nanmax(r['trace']['max_dphi'], axis=1)
-                                for m, r in results.items()},
-      'steps_with_dphi_ge_1': {m: np.nansum(r['trace']['max_dphi'] >= 1.0, axis=1)
-                               for m, r in results.items()},
-      'spectra_seed0': {m: {'steps': spectrum_steps(r['epochs_run'][0]),
-                            'phi': [r['locations'][0, t]
-                                    for t in spectrum_steps(r['epochs_run'][0])]}
-                        for m, r in results.items()},
-  }
-  rows = [dict(method=m, seed_index=i, test_rmse=r['rmse'][i], epochs_run=r['epochs_run'][i],
-               max_abs_dphi=np.nanmax(r['trace']['max_dphi'][i]))
-          for m, r in results.items() for i in range(num_seeds)]
-  figures = []
-  if config.plots:
-    figures = plot(results, data, workdir) + plot_spectra(results, data, workdir)
+  for m in models.check_methods(validate.split_names(c.methods)):
+    results[m] = r = train(m, data, keys, c, dtype)
+    print(f'[levy_1d] {m}: test RMSE {np.mean(r["rmse"]):.4f} ({r["seconds"]:.1f} s incl. '
+          'compile)', flush=True)
+  dphi = lambda r: r['trace']['max_dphi']
+  spectra = lambda r: spectrum_steps(r['epochs_run'][0])
+  summary = report.collect(
+      results, test_rmse=lambda r: report.mean_se(r['rmse'])[0],
+      test_rmse_se=lambda r: report.mean_se(r['rmse'])[1], per_seed=lambda r: r['rmse'],
+      epochs_run=lambda r: r['epochs_run'], max_abs_dphi=lambda r: np.nanmax(dphi(r)),
+      max_abs_dphi_per_seed=lambda r: np.nanmax(dphi(r), axis=1),
+      steps_with_dphi_ge_1=lambda r: np.nansum(dphi(r) >= 1.0, axis=1),
+      spectra_seed0=lambda r: {'steps': spectra(r),
+                               'phi': [r['locations'][0, t] for t in spectra(r)]})
+  rows = report.member_rows(
+      [({'method': m}, r) for m, r in results.items()], 'seed_index',
+      test_rmse=lambda r: r['rmse'], epochs_run=lambda r: r['epochs_run'],
+      max_abs_dphi=lambda r: np.nanmax(dphi(r), axis=1))
+  figures = plot(results, data, workdir) + plot_spectra(results, data, workdir) if c.plots else []
   summary = report.write(workdir, 'levy_1d', summary=summary, rows=rows, table=summarize(results),
-                         claims=check_claims(results), config=config, started=t_start,
+                         claims=check_claims(results), config=c, started=t_start,
                          figures=figures)
   return {'summary': summary, 'results': results}
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 import geoparam
@@ -220,6 +221,59 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
       batch_stats = imn
     out['batch_stats'] = batch_stats
   return out
+
+
+def apply_train(model: nn.Module, variables: Mapping[str, Any], x):
+  """`model.apply(variables, x, train=True)` with every collection but `params` mutable.
+
+  Returns `(output, updated collections)`, what a loss of `experiments.protocol.fit` returns
+  beside its value.
+  """
+  return model.apply(variables, x, train=True, mutable=[k for k in variables if k != 'params'])
+
+
+def member(tree, i: int):
+  """Member `i` (a seed, a split) of a pytree stacked over members: every leaf's row `i`."""
+  return jax.tree.map(lambda a: a[i], tree)
+
+
+def hidden_layer(variables: Mapping[str, Any], method: str, x=None,
+                 name: str = 'hidden_0') -> dict[str, Any]:
+  """`MLP`'s first hidden layer `name` in `geoparam.analysis` form (`layer_variables`).
+
+  BN and MBN are folded with their running statistics, or, given the layer's
+  inputs `x` (the full batch), with the statistics of `x`: the function the
+  layer computes in training mode on that batch.
+  """
+  stats = None
+  if x is not None and method == 'bn':
+    stats = analysis.batch_statistics(x @ variables['params'][name]['kernel'])
+  elif x is not None and method == 'wn_mbn':
+    w, _ = analysis.affine(layer_variables(variables, 'wn', name), 'wn')
+    stats = {'mean': jnp.mean(x @ w, axis=0)}
+  return layer_variables(variables, method, name, batch_stats=stats)
+
+
+def boundary_changes(active, locations, directions=None, steps_per_epoch: int = 1
+                     ) -> dict[str, jax.Array]:
+  """Per optimizer step, the largest change over the units of tracked boundaries.
+
+  `locations` (and optionally `directions`): `(members, steps + 1, units, d)`
+  recorded before the first step and after every step (`geoparam.analysis.snapshot`);
+  `active`: `(members, epochs)`, whether the member's epoch ran. Returns
+  `max_dphi` (`max_i |phi_{i,t+1} - phi_{i,t}|`) and, with `directions`,
+  `max_dtheta_deg` (the largest angle change, degrees), each `(members, steps)`,
+  NaN in the epochs a member did not run.
+  """
+  def one(p, d):
+    out = {'max_dphi': analysis.max_location_change(p)}
+    if d is not None:
+      out['max_dtheta_deg'] = analysis.max_angle_change(d, degrees=True)
+    return out
+
+  step_active = jnp.repeat(active, steps_per_epoch, axis=1)
+  return {k: jnp.where(step_active, v, jnp.nan)
+          for k, v in jax.jit(jax.vmap(one))(locations, directions).items()}
 
 
 def _lookup(tree, path, where, kind):

@@ -10,6 +10,15 @@ is not finite (a diverged or NaN run):
   'not measured: a non-finite result (GmP RMSE nan)'
   >>> mean_se([1.0, 2.0, 3.0])
   (2.0, 0.5773502691896258)
+  >>> format_values([1.0, 2.5]), bold(format_pair(0.8, 0.15, 2))
+  ('1.000, 2.500', '**0.80 +- 0.15**')
+  >>> collect({'sp': [1.0, 3.0], 'gmp': [0.5]}, best=min, n=len)
+  {'best': {'sp': 1.0, 'gmp': 0.5}, 'n': {'sp': 2, 'gmp': 1}}
+  >>> member_rows([({'method': 'sp'}, [1.0, 3.0])], 'seed', rmse=list, lr=lambda r: 0.1)
+  [{'method': 'sp', 'seed': 0, 'rmse': 1.0, 'lr': 0.1},
+   {'method': 'sp', 'seed': 1, 'rmse': 3.0, 'lr': 0.1}]
+  >>> max_over_members([[1.0, 5.0, np.nan], [2.0, np.nan, np.nan]])
+  array([ 2.,  5., nan])
   >>> print(markdown_table(['method', 'rmse'], [['sp', '1.14'], ['gmp', '0.80']]))
   | method | rmse |
   | --- | --- |
@@ -24,26 +33,80 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 
-def mean_se(values) -> tuple[float, float | None]:
-  """Mean and standard error (ddof 1) of `values`; the error is None for one value."""
+def mean_se(values, single=None) -> tuple[float, float | None]:
+  """Mean and standard error (ddof 1) of `values`; the error is `single` (None) for one value."""
   v = np.asarray(values, np.float64).ravel()
   if v.size == 0:
     raise ValueError('mean_se needs at least one value.')
   with np.errstate(invalid='ignore', over='ignore'):  # inf or NaN members (diverged): NaN s.e.
-    se = float(np.std(v, ddof=1) / math.sqrt(v.size)) if v.size > 1 else None
+    se = float(np.std(v, ddof=1) / math.sqrt(v.size)) if v.size > 1 else single
     return float(np.mean(v)), se
+
+
+def format_pair(mean: float, se: float | None, digits: int = 4) -> str:
+  """'mean +- se' with `digits` decimals ('mean' alone when `se` is None)."""
+  return f'{mean:.{digits}f}' + ('' if se is None else f' +- {se:.{digits}f}')
 
 
 def format_mean_se(values, digits: int = 4) -> str:
   """'mean +- s.e.' of `values` ('mean' alone for one value)."""
-  mean, se = mean_se(values)
-  return f'{mean:.{digits}f}' + ('' if se is None else f' +- {se:.{digits}f}')
+  return format_pair(*mean_se(values), digits)
+
+
+def format_values(values, spec: str = '.3f') -> str:
+  """The per-member cell of a table: `values` formatted with `spec`, comma-separated."""
+  return ', '.join(format(v, spec) for v in values)
+
+
+def bold(text: str, flag: bool = True) -> str:
+  """`**text**` (markdown bold) if `flag`, else `text`."""
+  return f'**{text}**' if flag else text
+
+
+def max_over_members(values) -> np.ndarray:
+  """Per-step maximum over the members (axis 0) of `values`, ignoring NaN (a stopped member).
+
+  Float64; NaN at the steps where every member is NaN (after all stopped).
+  """
+  v = np.asarray(values)
+  out = np.full(v.shape[1:], np.nan)
+  seen = np.any(np.isfinite(v), axis=0)
+  out[seen] = np.nanmax(v[:, seen], axis=0)
+  return out
+
+
+def collect(runs: Mapping[Any, Any], depth: int = 1, **stats: Callable) -> dict[str, Any]:
+  """`{name: {key: stat(run) for key, run in runs.items()} for name, stat in stats.items()}`.
+
+  With `depth=2`, `runs` is a mapping of mappings of runs (e.g. rate -> method
+  -> run) and each stat keeps both levels of keys.
+  """
+  def apply(stat, node, level):
+    return {k: apply(stat, v, level - 1) if level > 1 else stat(v) for k, v in node.items()}
+  return {name: apply(stat, runs, depth) for name, stat in stats.items()}
+
+
+def member_rows(runs: Sequence[tuple[Mapping[str, Any], Any]], index: str,
+                **columns: Callable) -> list[dict[str, Any]]:
+  """Rows of results.csv, one per member (seed, split) of every run.
+
+  `runs`: `(fields, run)` pairs; a row is `fields`, `{index: i}`, then every
+  column: `column(run)[i]` (a per-member array) or `column(run)` (a scalar).
+  The number of members is that of the first array column.
+  """
+  rows = []
+  for fields, run in runs:
+    values = {name: column(run) for name, column in columns.items()}
+    n = next(len(v) for v in values.values() if np.ndim(v))
+    rows += [{**fields, index: i, **{k: v[i] if np.ndim(v) else v for k, v in values.items()}}
+             for i in range(n)]
+  return rows
 
 
 def finite(*measured) -> bool:

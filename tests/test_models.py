@@ -82,3 +82,68 @@ def test_check_methods_names_the_accepted_ones():
   with pytest.raises(ValueError, match='accepted: sp, wn, wn_mbn, bn, gmp, gmp_imn'):
     models.check_methods(['lcw'])
   assert models.check_methods(['lcw'], accepted=models.PARAMETERIZATIONS) == ('lcw',)
+
+
+def test_apply_train_updates_every_collection_but_params():
+  model = models.MLP(hidden=(4,), out=1, method='bn')
+  x = jax.random.normal(jax.random.key(0), (8, 3))
+  variables = model.init(jax.random.key(1), x)
+  out, updates = models.apply_train(model, variables, x)
+  assert out.shape == (8, 1) and set(updates) == {'batch_stats'}
+  ref, _ = model.apply(variables, x, train=True, mutable=['batch_stats'])
+  np.testing.assert_array_equal(out, ref)
+  assert not np.allclose(updates['batch_stats']['hidden_0_bn']['mean'],
+                         variables['batch_stats']['hidden_0_bn']['mean'])
+  sp = models.MLP(hidden=(4,), out=1, method='sp')
+  assert models.apply_train(sp, sp.init(jax.random.key(1), x), x)[1] == {}
+
+
+def test_member_takes_one_row_of_every_leaf():
+  tree = {'a': jnp.arange(6).reshape(3, 2), 'b': {'c': jnp.arange(3.0)}}
+  got = models.member(tree, 1)
+  np.testing.assert_array_equal(got['a'], [2, 3])
+  assert float(got['b']['c']) == 1.0
+
+
+class _Pre(nn.Module):
+  """MLP's hidden layer without its ReLU."""
+  method: str
+
+  @nn.compact
+  def __call__(self, z, train):
+    return models.layer(z, self.method, 5, name='hidden_0', train=train, first=True,
+                        activation=lambda a: a, bn_epsilon=models.BN_EPSILON,
+                        param_dtype=jnp.float64)
+
+
+@pytest.mark.parametrize('method', ['bn', 'wn_mbn', 'sp'])
+def test_hidden_layer_folds_batch_or_running_statistics(method):
+  """phi of `hidden_layer(v, m, x)` zeroes the training-mode pre-activation on the batch x,
+  phi of `hidden_layer(v, m)` the evaluation-mode one (running statistics)."""
+  from geoparam import analysis  # pylint: disable=g-import-not-at-top
+  with jax.enable_x64(True):
+    x = jax.random.normal(jax.random.key(0), (16, 1), jnp.float64) * 3 + 1
+    model = models.MLP(hidden=(5,), out=1, method=method, param_dtype=jnp.float64)
+    variables = model.init(jax.random.key(2), x)
+    variables = jax.tree.map(lambda a: a + 0.3, variables)  # running stats away from the batch's
+    own = {k: {n: v for n, v in c.items() if n != 'out'} for k, c in variables.items()}
+    for x_stats, train in ((x, True), (None, False)):
+      phi = analysis.boundary_location(models.hidden_layer(variables, method, x_stats),
+                                       method)[:, 0]
+      pre = _Pre(method).apply(own, x, train, mutable=['batch_stats'])[0]  # (16, 5), affine in x
+      slope = (pre[1] - pre[0]) / (x[1, 0] - x[0, 0])
+      np.testing.assert_allclose(pre[0] + slope * (phi - x[0, 0]), 0.0,
+                                 atol=1e-9 if train else 1e-6)  # eval BN: 2e-8 (flax)
+
+
+def test_boundary_changes_masks_stopped_epochs():
+  locations = jnp.array([[[[0.0]], [[1.0]], [[3.0]], [[3.5]], [[3.5]]]])  # (1, 5, 1, 1)
+  directions = jnp.array([[[[1.0, 0.0]], [[0.0, 1.0]], [[0.0, 1.0]], [[-1.0, 0.0]],
+                           [[-1.0, 0.0]]]])  # (1, 5, 1, 2)
+  active = jnp.array([[True, False]])  # two epochs of two steps; the second did not run
+  got = models.boundary_changes(active, locations[..., :1, :], directions, steps_per_epoch=2)
+  np.testing.assert_allclose(got['max_dphi'], [[1.0, 2.0, np.nan, np.nan]])
+  np.testing.assert_allclose(got['max_dtheta_deg'], [[90.0, 0.0, np.nan, np.nan]], atol=1e-5)
+  only = models.boundary_changes(jnp.array([[True, True, True, False]]), locations)
+  assert set(only) == {'max_dphi'}
+  np.testing.assert_allclose(only['max_dphi'], [[1.0, 2.0, 0.5, np.nan]])

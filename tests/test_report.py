@@ -56,3 +56,42 @@ def test_write_refuses_ragged_rows(tmp_path):
   with pytest.raises(ValueError, match='cells'):
     report.markdown_table(['a', 'b'], [[1]])
   assert os.path.exists(tmp_path)
+
+
+def test_cells_and_bold():
+  assert report.format_pair(0.8, 0.15, 2) == '0.80 +- 0.15'
+  assert report.format_pair(0.8, None, 2) == '0.80'
+  assert report.format_pair(0.8, float('nan'), 1) == '0.8 +- nan'
+  assert report.format_mean_se([1.0, 3.0], 1) == report.format_pair(2.0, 1.0, 1) == '2.0 +- 1.0'
+  assert report.format_values(np.array([1.0, 0.25])) == '1.000, 0.250'
+  assert report.format_values(np.array([300, 41], np.int32), 'd') == '300, 41'
+  assert report.bold('x') == '**x**' and report.bold('x', False) == 'x'
+  assert report.mean_se([2.0], single=float('nan'))[1] != report.mean_se([2.0])[1]
+  assert math.isnan(report.mean_se([2.0], single=float('nan'))[1])
+  assert report.mean_se([1.0, 3.0], single=float('nan')) == (2.0, 1.0)
+
+
+def test_max_over_members_ignores_stopped_members():
+  v = np.array([[1.0, 5.0, np.nan, np.nan, np.nan],
+                [2.0, np.nan, 7.0, np.nan, np.nan]], np.float32)
+  got = report.max_over_members(v)
+  assert got.dtype == np.float64 and got.shape == (5,)
+  np.testing.assert_array_equal(got, [2.0, 5.0, 7.0, np.nan, np.nan])
+  np.testing.assert_array_equal(report.max_over_members(np.full((2, 3, 4), np.nan)),
+                                np.full((3, 4), np.nan))
+
+
+def test_collect_and_member_rows():
+  runs = {'sp': np.array([1.0, 3.0]), 'gmp': np.array([0.5, 0.7])}
+  got = report.collect(runs, mean=lambda r: float(np.mean(r)), first=lambda r: r[0])
+  assert got == {'mean': {'sp': 2.0, 'gmp': 0.6}, 'first': {'sp': 1.0, 'gmp': 0.5}}
+  assert list(got['mean']) == ['sp', 'gmp']
+  nested = report.collect({'0.1': runs, '0.01': {'sp': runs['sp']}}, depth=2, n=len)
+  assert nested == {'n': {'0.1': {'sp': 2, 'gmp': 2}, '0.01': {'sp': 2}}}
+  rows = report.member_rows([({'method': 'sp', 'lr': 0.1}, runs['sp']),
+                             ({'method': 'gmp', 'lr': 0.1}, runs['gmp'])], 'seed',
+                            rmse=lambda r: r, best=lambda r: float(np.min(r)), tag=lambda r: 'x')
+  assert [list(r) for r in rows] == [['method', 'lr', 'seed', 'rmse', 'best', 'tag']] * 4
+  assert [(r['method'], r['seed'], r['rmse'], r['best'], r['tag']) for r in rows] == [
+      ('sp', 0, 1.0, 1.0, 'x'), ('sp', 1, 3.0, 1.0, 'x'), ('gmp', 0, 0.5, 0.5, 'x'),
+      ('gmp', 1, 0.7, 0.5, 'x')]
