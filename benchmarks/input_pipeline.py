@@ -15,8 +15,9 @@ Also timed: a full decode alone (the floor of the host work per image). Per tran
 images/s per image on one core (the transform called on batches in this
 thread; min and median over `--repeats` passes over all images, in wall time and in this
 thread's CPU time, which other jobs on a shared machine inflate less), and images/s through
-`input_pipeline.Loader` with each worker count of `--workers` (median over the repeats) and the
-speed-up of the largest count over 1. Colour jitter and lighting are not host work once they
+`input_pipeline.Loader` with each count of grain worker processes in `--workers` (one thread
+each; 0: one thread of this process; median over the repeats) and the speed-up of the largest
+count over the smallest. Colour jitter and lighting are not host work once they
 run in the train step on the device (see the README). `--tiny` shrinks everything (the test
 suite runs that).
 """
@@ -46,7 +47,7 @@ def define_flags():
   flags.DEFINE_integer('images', 256, 'Number of generated JPEGs.')
   flags.DEFINE_integer('batch', 32, 'Batch size of the loader and of the one-core passes.')
   flags.DEFINE_integer('repeats', 5, 'Timed passes over all images per measurement.')
-  flags.DEFINE_list('workers', ['1', '2'], 'Loader worker counts to time.')
+  flags.DEFINE_list('workers', ['1', '2'], 'Loader worker-process counts to time (0: in-process).')
   flags.DEFINE_string('size', '500x375', 'Generated image size, WIDTHxHEIGHT.')
   flags.DEFINE_enum('source', None, SOURCES,
                     'What the source returns: encoded JPEG bytes (decoded by the transform) or '
@@ -102,8 +103,9 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
         resize_range: tuple[int, int] = (256, 480), eval_resize: int = 256,
         out: str | None = None, tiny: bool = False) -> dict:
   """Times the train and eval transforms; returns (and optionally writes) the results."""
-  if tiny:
+  if tiny:  # no worker processes unless asked (each start costs seconds)
     images, batch, repeats, size = 8, 4, 1, (40, 30)
+    workers = workers if workers != (1, 2) else (0, 1)
     crop, resize_range, eval_resize = 16, (18, 32), 18
   source = source or ('bytes' if _accepts_bytes() else 'arrays')
   if source not in SOURCES:
@@ -111,8 +113,8 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
   if source == 'bytes' and not _accepts_bytes():
     raise ValueError('this input pipeline does not decode bytes; use --source=arrays.')
   workers = [int(w) for w in workers]
-  if batch < 1 or images < batch or repeats < 1 or min(workers) < 1:
-    raise ValueError(f'need 1 <= batch <= images, repeats >= 1 and workers >= 1; got '
+  if batch < 1 or images < batch or repeats < 1 or not workers or min(workers) < 0:
+    raise ValueError(f'need 1 <= batch <= images, repeats >= 1 and workers >= 0; got '
                      f'batch={batch}, images={images}, repeats={repeats}, workers={workers}.')
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
@@ -150,14 +152,18 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
            'cpu_ms_per_image_median': 1e3 * statistics.median(cpu) / n,
            'images_per_s_one_core': n / statistics.median(times)}
     for w in workers:
+      # w grain worker processes of one thread each (0: one thread of this process), one
+      # iterator over all passes, as the trainer uses it; the first pass starts the workers.
       loader = input_pipeline.Loader(src, batch, train=train, augment=augment, seed=0,
-                                     num_workers=w, prefetch=2 * w)
+                                     num_workers=w, num_threads=1, prefetch=2)
+      batches = loader.iterate(0)
       rates = []
       for r in range(repeats + 1):
         t = time.perf_counter()
-        count = sum(len(b['label']) for b in loader.epoch(r))
-        if r:  # the first epoch warms the pool up
+        count = sum(len(next(batches)['label']) for _ in range(loader.steps_per_epoch))
+        if r:
           rates.append(count / (time.perf_counter() - t))
+      del batches  # stops the workers
       row[f'images_per_s_{w}_workers'] = statistics.median(rates)
     if len(workers) > 1:
       row['speedup'] = row[f'images_per_s_{max(workers)}_workers'] / row[

@@ -1,4 +1,4 @@
-"""Input pipelines: random-access sources, per-process batches, augmentation, prefetch.
+"""Input pipelines: random-access sources, per-process batches, augmentation, grain prefetch.
 
 Sources (`get_sources(config)`):
 
@@ -31,14 +31,18 @@ Batches are numpy dicts `{'image': uint8 (b, h, w, 3), 'label': int32 (b,),
 batches also carry `'colour': float32 (b, 4)`, the per-example uniforms of the colour jitter and
 PCA lighting that the train step applies on the device (`colour_lighting`). Sources may return
 encoded images (bytes) instead of arrays; the ImageNet transforms then decode them, at a
-reduced JPEG scale where the resize allows. A
-thread pool builds the next `prefetch` batches while the devices run (PIL and
-numpy release the GIL), so a slow single core does not starve the devices.
+reduced JPEG scale where the resize allows. `image_folder` reads the user's own
+`data_dir/train/<class>/*.jpg` and `val/` as encoded bytes; a file that cannot be decoded is
+skipped (warned once, masked out, counted in the epoch's metrics), never a crash.
+
+Batches are built by grain (`Loader`): `grain.MapDataset` maps a record index to a batch,
+built on `num_threads` threads and `prefetch` batches ahead while the devices run (PIL and
+numpy release the GIL), and with `num_workers > 0` in grain worker processes (`mp_prefetch`,
+the order kept).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import io
@@ -48,6 +52,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from absl import flags
 from absl import logging
 import numpy as np
 
@@ -660,26 +665,35 @@ def _decode_same_size(images, errors) -> np.ndarray:
 
 
 class Loader:
-  """Per-process batches of a random-access source, in a deterministic order.
+  """Per-process batches of a random-access source, in a deterministic order, built by grain.
+
+  Record `r` of the loader is this process's part of global batch `r % steps_per_epoch` of
+  epoch `r // steps_per_epoch`, a pure function of `(seed, r)` (see the module docstring), so
+  the batches are the same for any number of processes and workers, and a run resumes at any
+  step by starting at its record. `grain.MapDataset` maps records to batches;
+  `to_iter_dataset` builds them on `num_threads` threads and `prefetch` ahead, and with
+  `num_workers > 0` grain's `mp_prefetch` runs that in worker processes (each its share of the
+  records, the order kept).
 
   Args:
-    source: has `len()` and `get(indices) -> (images, labels)`.
+    source: has `len()` and `get(indices) -> (images, labels)` (picklable for worker processes).
     global_batch: examples per step over all processes.
     train: shuffle per epoch, drop the last partial batch, augment; else
       sequential order and a padded, masked last batch.
     augment: `(images, uniforms (b, NUM_UNIFORMS), errors=list) -> uint8 (b, h, w, 3)`, or a
       dict of it (`'image'`) and further per-example arrays that the batch carries too
       (`make_augment`). An encoded image it cannot decode (reported in `errors`) is skipped:
-      warned once (naming its file), `mask = 0` in the batch, its slot filled with another image
-      of the batch; `skipped` holds the indices.
+      warned once per process (naming its file), `mask = 0` in the batch, its slot filled with
+      another image of the batch; `skipped` holds the indices met in this process.
     seed: data-order and augmentation seed.
     process_index, process_count: this process's part of each global batch.
-    num_workers: threads building batches; prefetch: batches built ahead.
+    num_workers: grain worker processes building batches (0: none, threads of this process).
+    num_threads: threads building batches in each process; prefetch: batches built ahead.
   """
 
   def __init__(self, source, global_batch: int, train: bool, augment, seed: int = 0,
-               process_index: int = 0, process_count: int = 1, num_workers: int = 2,
-               prefetch: int = 2):
+               process_index: int = 0, process_count: int = 1, num_workers: int = 0,
+               prefetch: int = 2, num_threads: int = 2):
     if global_batch % process_count:
       raise ValueError(
           f'global batch size {global_batch} is not divisible by the number of processes '
@@ -687,12 +701,26 @@ class Loader:
     n = len(source)
     if train and n < global_batch:
       raise ValueError(f'the training set has {n} examples, fewer than one batch ({global_batch}).')
+    if num_workers < 0 or num_threads < 1 or prefetch < 1:
+      raise ValueError(f'need num_workers >= 0, num_threads >= 1 and prefetch >= 1; got '
+                       f'{num_workers}, {num_threads}, {prefetch}.')
     self.source, self.global_batch, self.train, self.augment = source, global_batch, train, augment
     self.seed, self.process_index, self.process_count = seed, process_index, process_count
     self.local_batch = global_batch // process_count
-    self.num_workers, self.prefetch = max(1, num_workers), max(1, prefetch)
+    self.num_workers, self.num_threads, self.prefetch = num_workers, num_threads, prefetch
     self.steps_per_epoch = n // global_batch if train else -(-n // global_batch)
     self.skipped: set[int] = set()  # examples that could not be decoded (warned once each)
+    self._lock = threading.Lock()
+    self._orders: dict[int, np.ndarray] = {}
+
+  def __getstate__(self):  # worker processes get a copy without the lock and the cached orders
+    state = dict(self.__dict__)
+    del state['_lock']
+    state['_orders'] = {}
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
     self._lock = threading.Lock()
 
   def order(self, epoch: int) -> np.ndarray:
@@ -745,22 +773,41 @@ class Loader:
     logging.warning('skipping an image that cannot be decoded: %s (%s); it is masked out of '
                     'every batch it is drawn in', name, error)
 
+  def batch_at(self, r: int) -> dict[str, np.ndarray]:
+    """Record `r`: this process's part of batch `r % steps_per_epoch` of epoch
+    `r // steps_per_epoch`."""
+    epoch, b = divmod(int(r), self.steps_per_epoch)
+    with self._lock:
+      order = self._orders.get(epoch)
+      if order is None:
+        order = self._orders[epoch] = self.order(epoch)
+        for old in [e for e in self._orders if e < epoch - 1]:
+          del self._orders[old]
+    return self._batch(order, epoch, b)
+
+  def iterate(self, epoch: int = 0, start_step: int = 0,
+              stop_epoch: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """This process's batches from step `start_step` of `epoch` through the end of epoch
+    `stop_epoch - 1` (None: on and on), one grain iterator across epochs (its workers keep
+    building the next epoch's batches while the caller evaluates)."""
+    import grain.python as grain  # pylint: disable=g-import-not-at-top
+
+    steps = self.steps_per_epoch
+    start = epoch * steps + start_step
+    stop = None if stop_epoch is None else stop_epoch * steps
+    records = grain.MapDataset.range(start, stop) if stop is not None else (
+        grain.MapDataset.range(start, start + (1 << 62)))
+    ds = records.map(self.batch_at).to_iter_dataset(
+        grain.ReadOptions(num_threads=self.num_threads, prefetch_buffer_size=self.prefetch))
+    if self.num_workers > 0:
+      if not flags.FLAGS.is_parsed():  # grain's workers read its absl flags: their defaults
+        flags.FLAGS.mark_as_parsed()
+      ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.num_workers))
+    return iter(ds)
+
   def epoch(self, epoch: int, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """Yields this process's batches `start_step, ..., steps_per_epoch - 1` of `epoch`."""
-    order = self.order(epoch)
-    steps = range(start_step, self.steps_per_epoch)
-    with concurrent.futures.ThreadPoolExecutor(self.num_workers) as pool:
-      pending = []
-      it = iter(steps)
-      for b in it:
-        pending.append(pool.submit(self._batch, order, epoch, b))
-        if len(pending) > self.prefetch:
-          break
-      while pending:
-        yield pending.pop(0).result()
-        nxt = next(it, None)
-        if nxt is not None:
-          pending.append(pool.submit(self._batch, order, epoch, nxt))
+    return self.iterate(epoch, start_step, epoch + 1)
 
 
 def write_fake_jpeg_archive(directory: str, num_classes: int = 3, train_per_class: int = 8,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 import json
 import math
 import os
@@ -438,9 +439,13 @@ def _rates(sums: dict[str, float], prefix: str, examples: int) -> dict[str, floa
           f'{prefix}_skipped': int(round(examples - sums['count']))}
 
 
-def evaluate(trainer: Trainer, state, loader, mesh) -> dict[str, float]:
+def evaluate(trainer: Trainer, state, loader, mesh, batches=None) -> dict[str, float]:
+  """Eval metrics over one pass of `loader` (its next `steps_per_epoch` batches of `batches`,
+  an iterator of `loader.iterate()` kept across passes, or a fresh pass)."""
   acc = trainer.zero_acc()
-  for batch in loader.epoch(0):
+  if batches is None:
+    batches = loader.epoch(0)
+  for batch in itertools.islice(batches, loader.steps_per_epoch):
     acc = trainer.eval_step(state, sharding.global_batch(batch, mesh), acc)
   return _rates(_scalars(acc), 'eval', len(loader.source))
 
@@ -478,13 +483,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   train_loader = input_pipeline.Loader(
       sources.train, config.batch_size, train=True, augment=input_pipeline.make_augment(config, True),
       seed=config.seed, process_index=pindex, process_count=pcount,
-      num_workers=config.num_workers, prefetch=config.prefetch)
+      num_workers=config.num_workers, num_threads=config.num_threads, prefetch=config.prefetch)
   eval_loader = input_pipeline.Loader(
       sources.eval, config.eval_batch_size, train=False,
       augment=input_pipeline.make_augment(config, False), seed=config.seed,
       process_index=pindex, process_count=pcount, num_workers=config.num_workers,
-      prefetch=config.prefetch)
-  image_shape = next(eval_loader.epoch(0))['image'].shape[1:]
+      num_threads=config.num_threads, prefetch=config.prefetch)
+  # One grain iterator per loader for the whole run (worker processes start once).
+  eval_batches = eval_loader.iterate(0)
+  image_shape = eval_loader.batch_at(0)['image'].shape[1:]
   trainer = Trainer(config, mesh, sources.num_classes, sources.mean_std, image_shape)
   steps_per_epoch = train_loader.steps_per_epoch
 
@@ -515,13 +522,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           f'{steps_per_epoch} steps per epoch', flush=True)
 
   progress = Progress(steps_per_epoch, config.num_epochs, config.batch_size, main)
+  train_batches = None
   status = 'finished'
   stopped = bool(sharding.to_host(state.stop_state.stop))
   with _Preemption() as preemption:
     while epoch < config.num_epochs and not stopped:
       start = step - epoch * steps_per_epoch
       t_epoch = time.time()
-      for batch in train_loader.epoch(epoch, start_step=start):
+      if train_batches is None:
+        train_batches = train_loader.iterate(epoch, start, config.num_epochs)
+      for batch in itertools.islice(train_batches, steps_per_epoch - start):
         state, loss = trainer.train_step(state, sharding.global_batch(batch, mesh))
         step += 1
         if on_step is not None:
@@ -548,7 +558,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         _fail(workdir, writer, main, epoch, step, train_sums['loss'])
       train_time = time.time() - t_epoch
       metrics = _rates(train_sums, 'train', steps_per_epoch * config.batch_size)
-      metrics.update(evaluate(trainer, state, eval_loader, mesh))
+      metrics.update(evaluate(trainer, state, eval_loader, mesh, eval_batches))
       monitored = metrics[config.monitor]
       lr = float(sharding.to_host(state.lr_state.lr))
       state = trainer.end_of_epoch(state, np.float32(monitored))
@@ -573,11 +583,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
              'num_devices': jax.device_count(), 'num_processes': pcount}
   best = None
   if status == 'finished':
-    summary['last'] = evaluate(trainer, state, eval_loader, mesh)
+    summary['last'] = evaluate(trainer, state, eval_loader, mesh, eval_batches)
     best = ckpts.restore_best(trainer.abstract_state) if config.restore_best else None
     if best is not None:
       summary['best_epoch'] = int(sharding.to_host(best.epoch))
-      summary['best'] = evaluate(trainer, best, eval_loader, mesh)
+      summary['best'] = evaluate(trainer, best, eval_loader, mesh, eval_batches)
   ckpts.close()
   if main:
     with open(os.path.join(workdir, 'summary.json'), 'w') as f:

@@ -22,7 +22,7 @@ def _config(data_dir, num_epochs):
   c = cifar10_cnn.get_config('smoke')
   # gmp_imn: IMN running means in batch_stats; plateau patience 1 so the LR really changes.
   c.update(dict(layers=(8, 'M', 16), method='gmp_imn', batch_size=8, eval_batch_size=8,
-                learning_rate=0.05, log_every=1, num_workers=1, data_dir=data_dir,
+                learning_rate=0.05, log_every=1, num_workers=0, data_dir=data_dir,
                 num_epochs=num_epochs, plateau_patience=1, plateau_min_delta=0.5))
   return c
 

@@ -95,7 +95,7 @@ def test_undecodable_files_are_skipped_with_one_warning_each(tmp_path, caplog):
   sources = ip.get_sources(config)
   assert len(sources.train) == 14
   loader = ip.Loader(sources.train, 7, train=True, augment=ip.make_augment(config, True), seed=0,
-                     num_workers=1)
+                     num_workers=0)
   caplog.set_level(logging.WARNING)
   for epoch in range(2):
     batches = list(loader.epoch(epoch))
@@ -158,7 +158,7 @@ def test_training_on_an_image_folder_counts_skipped_images(tmp_path, monkeypatch
   config = cifar10_cnn.get_config('smoke')
   config.update(dict(dataset='image_folder', data_dir=root, augment='imagenet', image_size=8,
                      resize_range=(10, 14), eval_resize=10, layers=(4,), batch_size=13,
-                     eval_batch_size=7, num_epochs=2, log_every=1, num_workers=1))
+                     eval_batch_size=7, num_epochs=2, log_every=1, num_workers=0))
   train.train_and_evaluate(config, str(tmp_path / 'run'))
   rows = [json.loads(line) for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
   epochs = [r for r in rows if 'event' not in r]

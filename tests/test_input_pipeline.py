@@ -57,7 +57,9 @@ def test_loader_deterministic_and_process_split_invariant(archive):
   one = ip.Loader(src, 8, train=True, augment=aug, seed=3)
   assert one.steps_per_epoch == 3
   a = list(one.epoch(0))
-  b = list(ip.Loader(src, 8, train=True, augment=aug, seed=3, num_workers=1).epoch(0))
+  # grain worker processes (2) build the same batches in the same order.
+  b = list(ip.Loader(src, 8, train=True, augment=aug, seed=3, num_workers=2).epoch(0))
+  assert len(a) == len(b) == 3
   for x, y in zip(a, b):
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
@@ -77,6 +79,12 @@ def test_loader_deterministic_and_process_split_invariant(archive):
   # Resuming mid-epoch yields the remaining batches unchanged.
   rest = list(one.epoch(0, start_step=1))
   np.testing.assert_array_equal(rest[0]['image'], a[1]['image'])
+  # One iterator across epochs (the trainer's): epoch 0 from step 1, then epoch 1.
+  across = list(one.iterate(0, 1, stop_epoch=2))
+  assert len(across) == 5
+  for x, y in zip(across, a[1:] + c):
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
 
 
 def test_eval_loader_pads_and_masks(archive):

@@ -39,7 +39,7 @@ def _tiny_config(data_dir=None, method='bn'):
   from experiments.configs import cifar10_cnn
   c = cifar10_cnn.get_config('smoke')
   c.update(dict(layers=(8, 'M', 16), method=method, batch_size=8, eval_batch_size=8,
-                learning_rate=0.05, log_every=100, num_workers=1, data_dir=data_dir))
+                learning_rate=0.05, log_every=100, num_workers=0, data_dir=data_dir))
   return c
 
 

@@ -16,7 +16,7 @@ def test_imagenet32_smoke_under_tfds_mock_data(tmp_path, capsys):
   import tensorflow_datasets as tfds
   config = imagenet32_vgg6.get_config('method=gmp_imn,smoke')
   assert config.learning_rate == 0.1 and config.method == 'gmp_imn'
-  config.num_workers = 1
+  config.num_workers = 0
   with tfds.testing.mock_data(num_examples=64):
     summary = train.train_and_evaluate(config, str(tmp_path))
   assert summary['status'] == 'finished' and summary['steps'] == 64 // 16
@@ -42,7 +42,7 @@ def test_nonfinite_loss_stops_with_message(tmp_path, monkeypatch):
                                          test_per_class=2, size=8)
   config = cifar10_cnn.get_config('smoke')
   config.update(dict(layers=(4,), batch_size=8, eval_batch_size=6, learning_rate=1e30,
-                     log_every=1, num_workers=1, data_dir=data))
+                     log_every=1, num_workers=0, data_dir=data))
   with pytest.raises(FloatingPointError, match='non-finite training loss'):
     train.train_and_evaluate(config, str(tmp_path / 'run'))
   failure = json.loads((tmp_path / 'run' / 'failure.json').read_text())

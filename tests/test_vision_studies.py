@@ -31,7 +31,7 @@ def test_imagenet_resnet50_smoke_under_tfds_mock_data(tmp_path):
   # BN (cheapest to compile); GmP+IMN through the same loop: test_train's ImageNet32 run, and
   # the ResNet's IMN running means: test_vision_models.
   config = imagenet_resnet50.get_config('method=bn,smoke')
-  config.num_workers = 1
+  config.num_workers = 0
   with tfds.testing.mock_data(num_examples=16):
     summary = train.train_and_evaluate(config, str(tmp_path))
   state = _check_run(summary, tmp_path, 16 // 8, 1000)
@@ -44,7 +44,7 @@ def test_cifar_lcw_smoke_under_tfds_mock_data(tmp_path):
   import tensorflow_datasets as tfds
   config = cifar_lcw.get_config('model=preact_resnet18,smoke')
   assert (config.method, config.weight_decay, config.lr_schedule) == ('bn_lcw', 5e-4, 'decay')
-  config.num_workers = 1
+  config.num_workers = 0
   with tfds.testing.mock_data(num_examples=16):
     summary = train.train_and_evaluate(config, str(tmp_path))
   state = _check_run(summary, tmp_path, 16 // 8, 10)
@@ -59,7 +59,7 @@ def test_cifar10_vgg6_smoke_on_a_fake_jpeg_archive(tmp_path, monkeypatch):
   input_pipeline.write_fake_jpeg_archive(data, num_classes=10, train_per_class=4,
                                          test_per_class=2, size=8)
   config = cifar10_vgg6.get_config('method=bn,smoke')
-  config.update(dict(data_dir=data, num_workers=1, train_examples=0, eval_examples=0,
+  config.update(dict(data_dir=data, num_workers=0, train_examples=0, eval_examples=0,
                      batch_size=20, eval_batch_size=20))
   summary = train.train_and_evaluate(config, str(tmp_path / 'run'))
   state = _check_run(summary, tmp_path / 'run', 2, 10)

@@ -53,7 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.image_size = 224  # crop size of the 'imagenet' augmentation
   c.resize_range = (256, 480)
   c.eval_resize = 256
-  c.num_workers = 2  # threads building batches
+  c.num_workers = 0  # grain worker processes building batches (0: threads of this process)
+  c.num_threads = 2  # threads building batches in each process
   c.prefetch = 2  # batches built ahead
   # Model.
   c.model = 'cnn'
