@@ -85,6 +85,19 @@ def test_data_dependent_init_gives_unit_preactivation_variance():
     np.testing.assert_allclose(float(jnp.var(z)), 1.0, rtol=1e-3, err_msg=method)
 
 
+def test_a_diverged_run_never_holds():
+  """stalled() counts a NaN loss as stalling; the claim must still not say 'holds'."""
+  nan, ok = dict(final_train_loss=float('nan'), final_test_acc=0.1), dict(
+      final_train_loss=1.5, final_test_acc=0.4)
+  claims = dsm.check_claims({'sp': nan, 'lcw': ok, 'wn': nan}, 10, depth=50)
+  assert set(claims) == {'SP 50-layer sigmoid MLP stalls while LCW trains',
+                         'wn does not train at all (paper: omitted from Fig. 5)'}
+  assert all(v.startswith('not measured: a non-finite result') for v in claims.values()), claims
+  stalls = dict(final_train_loss=2.30, final_test_acc=0.1)
+  claims = dsm.check_claims({'sp': stalls, 'lcw': ok}, 10, depth=50)
+  assert claims['SP 50-layer sigmoid MLP stalls while LCW trains'].startswith('holds (')
+
+
 def test_bad_settings_are_refused_before_any_work(fake_data_dir, tmp_path, monkeypatch):
   cases = [
     (dict(methods='sp,plain'), ('--config.methods=sp,plain: must be distinct comma-separated '

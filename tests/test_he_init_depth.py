@@ -55,6 +55,17 @@ def test_glorot_shrinks_the_signal_and_he_keeps_it():
   assert 0.5 < stds['he'][7] / stds['he'][1] < 2.0
 
 
+def test_a_diverged_run_never_holds():
+  """A NaN Glorot loss counts as stalling, but the claim gets no verdict."""
+  he = dict(final_train_loss=0.4, final_test_acc=0.8)
+  claims = hid.check_claims({'relu_glorot': dict(final_train_loss=float('nan'),
+                                                 final_test_acc=0.1), 'relu_he': he}, 10)
+  assert claims['relu: Glorot stalls and He trains'].startswith('not measured: a non-finite')
+  claims = hid.check_claims({'relu_glorot': dict(final_train_loss=2.302, final_test_acc=0.1),
+                             'relu_he': he}, 10)
+  assert claims['relu: Glorot stalls and He trains'].startswith('holds (')
+
+
 def test_bad_settings_are_refused_before_any_work(tmp_path, monkeypatch):
   cases = [
     (dict(activations='relu,tanh'), ('--config.activations=relu,tanh: must be distinct '
