@@ -1,42 +1,17 @@
 r"""UCI regression (paper 002, Table 3): SP, WN, BN and GmP MLPs on six UCI benchmarks.
 
-Setup (paper 002, Sec. 5.3 and App. C.3, and its reference script
-`uci_regression/uci_regression.py`): MLP with one hidden layer of 100 ReLU
-units, 10 random 80/20 train/test splits, features standardized with training
-statistics, Adam on the MAE loss, full batch, lr 0.1 for GmP and 0.01 for the
-others, at most 5000 epochs, LR x0.1 after 50 epochs without improvement of the
-monitored MSE and early stop after 100 (restoring the best weights; Keras
-semantics, `geoparam.schedules`). Test RMSE, mean +- standard error over splits.
+The setting and its commands are in `experiments/configs/uci_regression.py`. Two
+protocols: `reference` (the reference code: plateau and early stopping monitor
+the *test* split's MSE, so the reported RMSE is selected on the test set) and
+`clean` (they monitor a validation set, 20% of the training split, which is
+also the only data the feature statistics come from). All splits of one
+(dataset, method) train in one `experiments.protocol.fit`, vmapped in chunks
+that stay in cache (`chunk_size`), epochs in blocks that end once every split
+stopped.
 
-Two protocols:
-  reference  what the reference code did: plateau and early stopping monitor the
-             *test* split's MSE, so the reported RMSE is selected on the test set.
-  clean      they monitor a validation set (20% of the training split, which is
-             also the only data the feature statistics come from); the test split
-             is used once, at the end.
-
-All splits of one (dataset, method) train together in one compiled call,
-`experiments.protocol.fit` (the Keras protocol shared by the small studies): a
-split that stops early is frozen by masking. Speed on CPU: the splits are
-vmapped in chunks sized so that their hidden activations stay in cache (all 10
-at once for the small sets, 2 for `power`), and the epochs run in blocks inside
-a `lax.while_loop` that ends once every split of the chunk has stopped (or at
-`num_epochs`): `fit`'s `chunk` and `block`.
-
-  python -m experiments.main --config=experiments/configs/uci_regression.py \
-      --workdir=workdir/uci_reference
-  python -m experiments.main --config=experiments/configs/uci_regression.py \
-      --workdir=workdir/uci_clean --config.protocol=clean
-  python -m experiments.main --config=experiments/configs/uci_regression.py:smoke \
-      --workdir=/tmp/uci --config.download=True   # no data folder: fetch yacht
-
-(`python -m experiments.uci_regression --workdir=DIR [--config.x=...]` is the same command.)
-
-Writes to `workdir` (`experiments.report`): `results.json` (`test_rmse` and
-`test_rmse_se` per dataset and method, `records`: one per dataset, method and
-split with `rmse`, epochs run, ...; the paper's Table 3; the claims),
-`results.csv` (the records) and `results.md`
-(ours beside the paper's Table 3); prints the table and the wall time.
+Writes to `workdir`: results.json (test RMSE mean and s.e. per dataset and
+method, one record per split, the paper's Table 3, the claims), results.csv
+(the records) and results.md (ours beside Table 3, the wall time and command).
 """
 
 from __future__ import annotations
@@ -50,13 +25,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import models
+from experiments import models, report, uci_data
 from experiments import protocol as protocol_lib
-from experiments import report
-from experiments import uci_data
-from experiments.configs import common
-from experiments.configs import validate
-
+from experiments.configs import common, validate
 
 PROTOCOLS = validate.UCI_PROTOCOLS
 HIDDEN = 100
@@ -80,12 +51,6 @@ PAPER_TABLE3 = {
 }
 
 
-def check_protocol(protocol: str) -> str:
-  if protocol not in PROTOCOLS:
-    raise ValueError(f'--config.protocol={protocol}: must be one of {", ".join(PROTOCOLS)}.')
-  return protocol
-
-
 def prepare(ds: uci_data.Dataset, protocol: str, num_splits: int, seed: int,
             dtype=np.float64) -> dict[str, np.ndarray]:
   """Stacked, standardized splits: `x_*` `(num_splits, rows, d)`, `y_*` `(num_splits, rows, 1)`.
@@ -95,7 +60,8 @@ def prepare(ds: uci_data.Dataset, protocol: str, num_splits: int, seed: int,
   `test` what the RMSE is reported on. Feature statistics come from `fit` only.
   Targets are not scaled (the reference code trains on raw targets).
   """
-  check_protocol(protocol)
+  if protocol not in PROTOCOLS:
+    raise ValueError(f'--config.protocol={protocol}: must be one of {", ".join(PROTOCOLS)}.')
   splits = uci_data.make_splits(
       len(ds.y), num_splits, seed, test_fraction=TEST_FRACTION,
       val_fraction=VAL_FRACTION if protocol == 'clean' else 0.0,
@@ -134,9 +100,7 @@ def train(method: str, data: dict[str, Any], keys: jax.Array, max_epochs: int, l
     return jnp.mean((model.apply(variables, x, train=False) - y) ** 2)
 
   def mae(variables, batch, d):
-    del batch
-    pred, updates = model.apply(variables, d['x_fit'], train=True,
-                                mutable=[k for k in variables if k != 'params'])
+    pred, updates = models.apply_train(model, variables, d['x_fit'])
     return jnp.mean(jnp.abs(pred - d['y_fit'])), updates
 
   num_splits, rows = data['x_fit'].shape[:2]
@@ -174,11 +138,6 @@ def split_keys(seed: int, num_splits: int) -> jax.Array:
   return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.arange(num_splits))
 
 
-def _mean_se(values) -> tuple[float, float]:
-  mean, se = report.mean_se(values)
-  return mean, float('nan') if se is None else se
-
-
 def check_claims(ours, datasets, methods) -> dict[str, str]:
   """Paper 002 Table 3: GmP has the lowest test RMSE on every dataset (ours: `summarize`)."""
   if 'gmp' not in methods or len(methods) < 2:
@@ -193,47 +152,37 @@ def check_claims(ours, datasets, methods) -> dict[str, str]:
 
 def summarize(records: list[dict[str, Any]], datasets, methods) -> dict[str, dict[str, tuple]]:
   """`{dataset: {method: (mean, standard error)}}` of the test RMSE over splits."""
-  return {d: {m: _mean_se([r['rmse'] for r in records if r['dataset'] == d and r['method'] == m])
+  return {d: {m: report.mean_se([r['rmse'] for r in records
+                                 if r['dataset'] == d and r['method'] == m], single=float('nan'))
               for m in methods} for d in datasets}
 
 
 def make_table(records: list[dict[str, Any]], datasets, methods, protocol: str) -> str:
-  """Markdown table like Table 3 (methods x datasets), each of our rows above the paper's.
-
-  Best mean per dataset in bold, among ours and among the paper's separately.
-  """
+  """Markdown table like Table 3 (methods x datasets), each of our rows above the paper's; the
+  best mean per dataset in bold, among ours and among the paper's separately."""
   ours = summarize(records, datasets, methods)
-  lines = [f'Test RMSE, mean +- standard error over splits (protocol `{protocol}`); '
-           '"paper" rows: paper 002, Table 3.', '',
-           '| method | ' + ' | '.join(d.capitalize() for d in datasets) + ' |',
-           '| --- |' + ' --- |' * len(datasets)]
   best_ours = {d: min(methods, key=lambda m: ours[d][m][0]) for d in datasets}
   paper_methods = [m for m in methods if m in PAPER_TABLE3]
   best_paper = {d: min(paper_methods, key=lambda m: PAPER_TABLE3[m][d][0])
                 for d in datasets
                 if paper_methods and all(d in PAPER_TABLE3[m] for m in paper_methods)}
-
-  def cell(mean, se, bold):
-    text = f'{mean:.3f} +- {se:.3f}'
-    return f'**{text}**' if bold else text
-
+  rows = []
   for m in methods:
     name = 'GmP' if m == 'gmp' else m.upper()
-    lines.append(f'| {name} | ' + ' | '.join(cell(*ours[d][m], best_ours[d] == m)
-                                              for d in datasets) + ' |')
+    rows.append([name] + [report.bold(report.format_pair(*ours[d][m], 3), best_ours[d] == m)
+                          for d in datasets])
     if m in PAPER_TABLE3:
-      lines.append(f'| {name}, paper | ' + ' | '.join(
-          cell(*PAPER_TABLE3[m][d], best_paper.get(d) == m) if d in PAPER_TABLE3[m] else '-'
-          for d in datasets) + ' |')
-  lines.append('')
-  return '\n'.join(lines)
+      rows.append([f'{name}, paper'] + [
+          report.bold(report.format_pair(*PAPER_TABLE3[m][d], 3), best_paper.get(d) == m)
+          if d in PAPER_TABLE3[m] else '-' for d in datasets])
+  return (f'Test RMSE, mean +- standard error over splits (protocol `{protocol}`); "paper" rows: '
+          'paper 002, Table 3.\n\n' + report.markdown_table(
+              ['method'] + [d.capitalize() for d in datasets], rows) + '\n')
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs the study of `config` (`experiments/configs/uci_regression.py`) and writes its files.
+  """Runs the study of `config` and writes its files; float64 only inside (`jax.enable_x64`).
 
-  float64 is enabled only inside this call (`jax.enable_x64`), not globally.
-  `download=True` fetches missing data files into the cache (`uci_data.load`).
   Returns `records` (one dict per dataset, method and split), `summary`,
   `table`, `wall_seconds`, `cpu_seconds`.
   """
@@ -269,13 +218,14 @@ def _run(c, workdir):
                   hidden=c.hidden, plateau_patience=c.plateau_patience,
                   stop_patience=c.stop_patience)
       seconds = time.perf_counter() - t0
-      for i in range(c.num_splits):
-        records.append(dict(
-            dataset=d, method=m, split=i, rmse=float(out['rmse'][i]), protocol=c.protocol,
-            monitor_best_mse=float(out['monitor_best'][i]), epochs_run=int(out['epochs_run'][i]),
-            best_epoch=int(out['best_epoch'][i]), final_lr=float(out['final_lr'][i]),
-            stopped=bool(out['stopped'][i]), seconds_all_splits=seconds))
-      mean, se = _mean_se(out['rmse'])
+      field = lambda k: lambda o: o[k].tolist()  # Python scalars, as results.json holds them
+      records += report.member_rows(
+          [(dict(dataset=d, method=m), out)], 'split', rmse=field('rmse'),
+          protocol=lambda o: c.protocol, monitor_best_mse=field('monitor_best'),
+          epochs_run=field('epochs_run'), best_epoch=field('best_epoch'),
+          final_lr=field('final_lr'), stopped=field('stopped'),
+          seconds_all_splits=lambda o: seconds)
+      mean, se = report.mean_se(out['rmse'], single=float('nan'))
       print(f'[uci_regression] {c.protocol} {d:>9s} {m:>4s}: test RMSE {mean:.3f} +- {se:.3f}, '
             f'epochs {int(out["epochs_run"].min())}-{int(out["epochs_run"].max())}, '
             f'{seconds:.1f} s incl. compile', flush=True)
@@ -287,13 +237,12 @@ def _run(c, workdir):
             f'wall time {wall:.1f} s (process CPU time {cpu:.1f} s).\n'
             f'Command: `{_command(c, workdir)}`\n')
   ours = summarize(records, datasets, methods)
-  summary = {'test_rmse': {d: {m: v[0] for m, v in by_m.items()} for d, by_m in ours.items()},
-             'test_rmse_se': {d: {m: v[1] for m, v in by_m.items()} for d, by_m in ours.items()},
-             'records': records, 'cpu_seconds': cpu}
+  summary = dict(report.collect(ours, depth=2, test_rmse=lambda v: v[0],
+                                test_rmse_se=lambda v: v[1]), records=records, cpu_seconds=cpu)
   report.write(workdir, 'uci_regression', summary=summary, rows=records, table=table + footer,
                claims=check_claims(ours, datasets, methods), config=c, started=t_start,
                paper={'table3_test_rmse_mean_se': PAPER_TABLE3})
-  return dict(records=records, summary=summarize(records, datasets, methods), table=table,
+  return dict(records=records, summary=ours, table=table,
               wall_seconds=wall, cpu_seconds=cpu)
 
 
