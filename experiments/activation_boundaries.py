@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import report
+from experiments import plotting, report
 from geoparam import analysis
 
 # (lam, theta) of the panels.
@@ -80,11 +80,9 @@ def plot_1d(rows, path):
                  rf'$\phi$ = {phi:g}', fontsize=10)
     ax.set_xlabel('x')
   axes[0][0].legend(fontsize=7, loc='upper left')
-  fig.suptitle('ReLU unit in R: active side (green) and inactive side (red) of the point '
-               r'$\phi = -\lambda u(\theta)$', fontsize=10)
-  fig.tight_layout(rect=(0, 0, 1, 0.94))
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  plotting.save(fig, *os.path.split(path), rect=(0, 0, 1, 0.94),
+                title='ReLU unit in R: active side (green) and inactive side (red) of the point '
+                r'$\phi = -\lambda u(\theta)$')
 
 
 def plot_2d(rows, path):
@@ -105,17 +103,13 @@ def plot_2d(rows, path):
                                                                   lw=2))
     ax.annotate('', xy=phi - 0.9 * u, xytext=phi, arrowprops=dict(arrowstyle='->', color='red',
                                                                   lw=2))
-    ax.set_xlim(-2.5, 2.5)
-    ax.set_ylim(-2.5, 2.5)
-    ax.set_aspect('equal')
+    plotting.square(ax, 2.5)
     ax.set_title(rf'$\lambda$ = {lam:g}, $\theta$ = {r["theta"] / np.pi:.3g}$\pi$', fontsize=10)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')
-  fig.suptitle(r'ReLU unit in R$^2$: $z$ (blue), boundary $\mathcal{B}$ and '
-               r'$\phi = -\lambda u(\theta)$ (brown), active (green) / inactive (red)', fontsize=10)
-  fig.tight_layout(rect=(0, 0, 1, 0.94))
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  plotting.save(fig, *os.path.split(path), rect=(0, 0, 1, 0.94),
+                title=r'ReLU unit in R$^2$: $z$ (blue), boundary $\mathcal{B}$ and '
+                r'$\phi = -\lambda u(\theta)$ (brown), active (green) / inactive (red)')
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

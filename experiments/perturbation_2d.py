@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import report
+from experiments import plotting, report
 from geoparam import analysis, convert
 
 METHODS = ('sp', 'wn', 'gmp')
@@ -122,18 +122,14 @@ def plot(changes, eps_values, workdir, unit: int = 0, title: str = ''):
       boundary(c['phi_after'][unit], c['u_after'][unit], colors[k], 1.6, '--',
                f'{k.upper()}: {c["angle_deg"][unit]:.2f} deg', '--' if k == 'wn' else '-')
     ax.plot(0, 0, 'ko', ms=5)
-    ax.set_xlim(-lim, lim)
-    ax.set_ylim(-lim, lim)
-    ax.set_aspect('equal')
+    plotting.square(ax, lim)
     ax.set_title(rf'$\epsilon$ = {eps:g}', fontsize=11)
     ax.legend(fontsize=7.5, loc='lower left', title='after perturbation', title_fontsize=7.5)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')
-  fig.suptitle(title or f'unit {unit}: boundary before (brown) and after a perturbation by '
-               r'$\epsilon$ in SP, WN and GmP coordinates', fontsize=11)
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'perturbation.png'), dpi=120)
-  plt.close(fig)
+  plotting.save(fig, workdir, 'perturbation.png', fontsize=11, title=title or (
+      f'unit {unit}: boundary before (brown) and after a perturbation by '
+      r'$\epsilon$ in SP, WN and GmP coordinates'))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
