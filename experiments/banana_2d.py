@@ -38,9 +38,9 @@ def load_banana(data_dir: str | None = None, download: bool = False,
   in `data_dir` (else `$GEOPARAM_DATA_DIR`); `download`: fetch it if missing."""
   data_dir = data_dir or os.environ.get('GEOPARAM_DATA_DIR')
   if not data_dir and not download:
-    raise ValueError('no data directory: pass --config.data_dir (or data_dir=) or set '
-                     'GEOPARAM_DATA_DIR to the folder holding banana.csv, or allow the download '
-                     '(--config.download=True, download=True).')
+    raise ValueError('no data directory: pass --data_dir (or data_dir=) or set GEOPARAM_DATA_DIR '
+                     'to the folder holding banana.csv, or allow the download (--download, '
+                     'download=True).')
   path = download_lib.find('banana.csv', data_dir, download, cache_dir, base_url,
                            error=ValueError)
   table = np.loadtxt(path, delimiter=',', skiprows=1)
