@@ -497,7 +497,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   ckpts = ckpt_lib.Checkpoints(workdir)
   writer = MetricsWriter(workdir, main)
-  state = ckpts.restore_last(trainer.abstract_state)
+  # The training batches: one grain iterator over the run's records (epoch * steps_per_epoch +
+  # step); a checkpoint puts it back at its saved grain state (or, for one written before the
+  # data item existed, it restarts at the checkpoint's step).
+  train_batches = train_loader.iterate(0, 0, config.num_epochs)
+  state = ckpts.restore_last(trainer.abstract_state, data=train_batches)
   if state is None:
     state = trainer.new_state()
     writer.truncate_after(0)
@@ -509,10 +513,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if resumed and main:
     print(f'resumed from step {step} (epoch {epoch}, step {step - epoch * steps_per_epoch} of '
           f'{steps_per_epoch})', flush=True)
-  if step - epoch * steps_per_epoch > steps_per_epoch:
+  position = train_batches.get_state().get('next_index', step) if ckpts.data_restored else step
+  if step - epoch * steps_per_epoch > steps_per_epoch or position != step:
     raise ValueError(
-        f'checkpoint at step {step}, epoch {epoch} does not match {steps_per_epoch} steps per '
-        f'epoch: batch_size or train_examples changed since it was written.')
+        f'checkpoint at step {step}, epoch {epoch} (data iterator at record {position}) does not '
+        f'match {steps_per_epoch} steps per epoch: batch_size or train_examples changed since it '
+        'was written.')
+  if resumed and not ckpts.data_restored:
+    train_batches = train_loader.iterate(epoch, step - epoch * steps_per_epoch, config.num_epochs)
   if main:
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.state_shapes.params))
     print(f'{config.dataset}: {len(sources.train)} train / {len(sources.eval)} eval examples, '
@@ -522,15 +530,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           f'{steps_per_epoch} steps per epoch', flush=True)
 
   progress = Progress(steps_per_epoch, config.num_epochs, config.batch_size, main)
-  train_batches = None
   status = 'finished'
   stopped = bool(sharding.to_host(state.stop_state.stop))
   with _Preemption() as preemption:
     while epoch < config.num_epochs and not stopped:
       start = step - epoch * steps_per_epoch
       t_epoch = time.time()
-      if train_batches is None:
-        train_batches = train_loader.iterate(epoch, start, config.num_epochs)
       for batch in itertools.islice(train_batches, steps_per_epoch - start):
         state, loss = trainer.train_step(state, sharding.global_batch(batch, mesh))
         step += 1
@@ -543,7 +548,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           if not math.isfinite(loss):
             _fail(workdir, writer, main, epoch, step, loss)
         if preemption.requested(step, config.log_every):
-          ckpts.save(step, state)
+          ckpts.save(step, state, data=train_batches)
           writer.write({'event': 'preempted', 'epoch': epoch, 'step': step,
                         'time': time.time() - t_start})
           if main:
@@ -572,7 +577,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 'train_images_per_s': (steps_per_epoch - start) * config.batch_size / max(
                     train_time, 1e-9)}
       writer.write(record)
-      ckpts.save(step, state, best=improved)
+      ckpts.save(step, state, best=improved, data=train_batches)
       if main:
         print(f'epoch {epoch}/{config.num_epochs}: train loss {metrics["train_loss"]:.4f} '
               f'top1 {metrics["train_top1"]:.4f} | eval loss {metrics["eval_loss"]:.4f} '

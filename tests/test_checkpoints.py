@@ -52,6 +52,9 @@ def _worker(tmp):
   s1 = train.train_and_evaluate(_config(data, 3), os.path.join(tmp, 'b'), on_step=kill_at)
   out['b_first_status'] = s1['status']
   out['b_first_steps'] = s1['steps']
+  saved = os.path.join(tmp, 'b', 'checkpoints', 'last', '5', 'data')
+  out['b_data_files'] = sorted(f for f in os.listdir(saved) if f.endswith('.json'))
+  out['b_data_state'] = [json.load(open(os.path.join(saved, f))) for f in out['b_data_files']]
   b = final(os.path.join(tmp, 'b'), train.train_and_evaluate(_config(data, 3),
                                                              os.path.join(tmp, 'b')))
   # C: killed hard after epoch 1 (as if mid-epoch 2, without SIGTERM) = a 1-epoch run, then 3.
@@ -82,6 +85,9 @@ def test_resume_equals_uninterrupted(tmp_path):
   assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = json.loads(line[-1][len('RESULT '):])
   assert out['b_first_status'] == 'preempted' and out['b_first_steps'] == 5, out
+  # The data iterator's grain state is in the checkpoint: record 5 is next.
+  assert len(out['b_data_files']) == 1 and 'process_0' in out['b_data_files'][0], out
+  assert out['b_data_state'][0]['next_index'] == 5, out
   rows = out['a_rows']
   assert [r['epoch'] for r in rows] == [1, 2, 3]
   assert len({r['next_lr'] for r in rows}) > 1, rows  # the plateau rule acted
@@ -89,6 +95,41 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert out[f'{name}_same_leaves'], out
     assert out[f'{name}_max_diff'] == 0.0, out  # bitwise: same data order, same state
     assert out[f'{name}_rows_equal'], out
+
+
+def test_old_checkpoint_layout_restores_and_the_data_iterator_resumes(tmp_path):
+  """A checkpoint of one unnamed item (before the data item) still restores; a new one puts a
+  grain iterator back at its record."""
+  import grain.python as grain  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  from experiments import checkpoints  # pylint: disable=g-import-not-at-top
+
+  state = {'w': jnp.arange(3.0)}
+  abstract = {'w': jax_shape(state['w'])}
+  old = ocp.CheckpointManager(str(tmp_path / 'checkpoints' / 'last'),
+                              options=ocp.CheckpointManagerOptions(create=True))
+  old.save(4, args=ocp.args.StandardSave(state))
+  old.wait_until_finished()
+  ckpts = checkpoints.Checkpoints(str(tmp_path))
+  records = lambda: iter(grain.MapDataset.range(0, 50).map(lambda r: r * 10).to_iter_dataset())
+  back = ckpts.restore_last(abstract, data=records())
+  np.testing.assert_array_equal(back['w'], state['w'])
+  assert not ckpts.data_restored
+  it = records()
+  assert [next(it) for _ in range(7)] == [0, 10, 20, 30, 40, 50, 60]
+  ckpts.save(7, {'w': state['w'] + 1}, data=it)
+  fresh = records()
+  back = ckpts.restore_last(abstract, data=fresh)
+  assert ckpts.data_restored and next(fresh) == 70
+  np.testing.assert_array_equal(back['w'], state['w'] + 1)
+  assert checkpoints.Checkpoints(str(tmp_path)).restore_best(abstract) is None
+
+
+def jax_shape(x):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
 if __name__ == '__main__':
