@@ -424,7 +424,8 @@ def check_data(config) -> None:
       uci_data.check_datasets(split_names(config.datasets), config.get('data_dir'),
                               config.get('download', False))
     except ValueError as e:
-      message = str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
+      message = (str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
+                 .replace('--download', '--config.download=True'))
       raise ConfigError(f'--config.datasets={config.datasets}: {message}') from None
   if _reads_cifar10(config) and not config.get('download', False):
     _check_cifar10(config.get('data_dir'))
