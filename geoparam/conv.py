@@ -174,6 +174,24 @@ def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
     ...                        jnp.ones(1), (8, 4, 4, 1))  # no zeros padded: one bias
     Array([9.], dtype=float32)
   """
+  flat, positions, correction = imn_split(layer, kernel, mean, inputs_shape)
+  if positions.size == 0:
+    return flat
+  num_spatial = kernel.ndim - 2
+  spatial_out = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1])).shape[:-1]
+  full = jnp.broadcast_to(flat, (math.prod(spatial_out), flat.shape[-1]))
+  return full.at[positions].add(correction).reshape(spatial_out + flat.shape[-1:])
+
+
+def imn_split(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
+              inputs_shape: tuple[int, ...]) -> tuple[jax.Array, np.ndarray, jax.Array]:
+  """`imn_bias` as `(flat, positions, correction)`: `conv(mean * 1)` is `flat` `(F,)` at every
+  output position whose window holds no padded or inserted zero, and `flat + correction[i]` at
+  the flat output position `positions[i]` (numpy ints into `spatial_out`, known at trace time;
+  the border of a 'SAME' conv). The layers subtract `flat` with the bias and `correction` at
+  `positions` only (`subtract_at`): a per-position bias over the whole output costs an extra
+  pass (~8% of a 3x3 128-channel conv step on CPU).
+  """
   num_spatial = kernel.ndim - 2
   taps, group_in, features = math.prod(kernel.shape[:-2]), kernel.shape[-2], kernel.shape[-1]
   groups = mean.shape[-1] // group_in
@@ -184,7 +202,19 @@ def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
   k = kernel.astype(dtype).reshape(taps, group_in, groups, features // groups)
   per_tap = jnp.einsum('tcgh,gc->tgh', k, mean.astype(dtype).reshape(groups, group_in),
                        precision=layer.precision).reshape(taps, features)
-  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1]))
-  if np.all(mask == 1):
-    return per_tap.sum(0)
-  return jnp.tensordot(mask.astype(dtype), per_tap, axes=1, precision=layer.precision)
+  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1])).reshape(-1, taps)
+  positions = np.flatnonzero(np.any(mask != 1, axis=1))
+  correction = jnp.tensordot((mask[positions] - 1).astype(dtype), per_tap, axes=1,
+                             precision=layer.precision)
+  return per_tap.sum(0), positions, correction
+
+
+def subtract_at(z: jax.Array, positions: np.ndarray, values: jax.Array,
+                num_spatial: int) -> jax.Array:
+  """`z` `(*batch, *spatial, F)` with `values` `(n, F)` subtracted at the flat spatial
+  `positions` `(n,)` (of `imn_split`), every batch element; `z` itself if there are none."""
+  if positions.size == 0:
+    return z
+  shape = z.shape
+  flat = z.reshape((-1, math.prod(shape[-num_spatial - 1:-1]), shape[-1]))
+  return flat.at[:, positions, :].add(-values.astype(z.dtype)).reshape(shape)

@@ -303,11 +303,16 @@ class GmPConv(_GmPBase):
     mean = self._input_mean(inputs, use_running_average)
     kernel, lam, scale = self._params(math.prod(shape[:-1]))
     kernel = kernel.reshape(shape)
+    positions = None
     if mean is not None:
       # IMN without a pass over x: conv(x - mu) = conv(x) - conv(mu * 1), the second term
-      # (F,) or, where zeros are padded, per position (*spatial_out, F); see conv.imn_bias.
-      imn = conv.imn_bias(conv.layer_of(self, shape), kernel, mean, inputs.shape)
-      lam = (lam - imn).astype(lam.dtype)
+      # (F,), folded into lam, plus a correction at the output positions whose windows hold
+      # padded zeros (conv.imn_split).
+      flat, positions, correction = conv.imn_split(conv.layer_of(self, shape), kernel, mean,
+                                                   inputs.shape)
+      lam = (lam - flat).astype(lam.dtype)
     z = conv.apply(self, {'kernel': kernel}, inputs)
+    if positions is not None:
+      z = conv.subtract_at(z, positions, correction, len(shape) - 2)
     _, lam, scale = nn.dtypes.promote_dtype(z, lam, scale, dtype=self.dtype)
     return self._finish(z, lam, scale)

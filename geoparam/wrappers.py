@@ -300,13 +300,11 @@ def gmp_call(holder, cfg, layer, inputs, use_running_average=None):
   lam, scale = lam.astype(u.dtype), scale.astype(u.dtype)  # float32 at least until the cast
   kernel = (u * scale).reshape(kernel_shape).astype(dtype)
   if mean is not None and isinstance(layer, nn.Conv):
-    # conv(x - mu) = conv(x) - conv(mu * 1): (F,) or per output position (*spatial_out, F)
-    # where zeros are padded (exact at the borders); no pass over the activations.
-    bias = scale * lam - conv.imn_bias(layer, kernel, mean, inputs.shape)
-    if bias.ndim > 1:
-      y = run_layer(layer, kernel, None, inputs)
-      return y + bias.astype(dtype).astype(y.dtype)
-    return run_layer(layer, kernel, bias.astype(dtype), inputs)
+    # conv(x - mu) = conv(x) - conv(mu * 1): (F,) in the bias, plus a correction at the output
+    # positions whose windows hold padded zeros (exact at the borders; conv.imn_split).
+    flat, positions, correction = conv.imn_split(layer, kernel, mean, inputs.shape)
+    y = run_layer(layer, kernel, (scale * lam - flat).astype(dtype), inputs)
+    return conv.subtract_at(y, positions, correction.astype(dtype), len(kernel_shape) - 2)
   if mean is not None:
     lam = imn_fold(lam, u, mean, layer.precision)
   return run_layer(layer, kernel, (scale * lam).astype(dtype), inputs)
