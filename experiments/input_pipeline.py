@@ -274,13 +274,22 @@ def decode_cifar10_binary(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, 
   return out
 
 
+def local_cifar10(data_dir: str | None) -> tuple[str, Callable] | None:
+  """`(path, decoder)` of the CIFAR-10 archive in the folder `data_dir` (our JPEG archive, else
+  the official binary one), or None when neither is there."""
+  for name, decode in ((JPEG_ARCHIVE, decode_jpeg_archive),
+                       (CIFAR10_BINARY, decode_cifar10_binary)):
+    if data_dir and os.path.isfile(os.path.join(data_dir, name)):
+      return os.path.join(data_dir, name), decode
+  return None
+
+
 def _find_cifar10(resolved: str | None, data_dir: str | None, cache_dir: str | None,
                   download: bool, base_url: str | None):
   """(archive path, decoder): the JPEG archive or the official binary one, local or fetched."""
-  for name, decode in ((JPEG_ARCHIVE, decode_jpeg_archive),
-                       (CIFAR10_BINARY, decode_cifar10_binary)):
-    if resolved and os.path.isfile(os.path.join(resolved, name)):
-      return os.path.join(resolved, name), decode
+  local = local_cifar10(resolved)
+  if local is not None:
+    return local
   if not download:
     raise FileNotFoundError(
         f'dataset cifar10_jpeg: {JPEG_ARCHIVE} not found in data_dir={resolved!r} '
@@ -404,8 +413,12 @@ class _Subset:
     return self.source.get(self.keep[np.asarray(indices, np.int64)])
 
   def describe(self, index: int) -> str:
-    describe = getattr(self.source, 'describe', lambda i: f'example {i}')
-    return describe(int(self.keep[int(index)]))
+    return describe(self.source, int(self.keep[int(index)]))
+
+
+def describe(source, index: int) -> str:
+  """What example `index` of `source` is, for messages: its file where the source knows it."""
+  return source.describe(index) if hasattr(source, 'describe') else f'example {index}'
 
 
 def _subset(source, n):
@@ -413,11 +426,13 @@ def _subset(source, n):
   class (the archive, an image folder), the first `n` of a TFDS one."""
   if not n or n >= len(source):
     return source
+  if not isinstance(source, (ArraySource, ImageFolderSource)):
+    return _Subset(source, np.arange(n))
   # The archive and image folders are sorted by class: a fixed random subset has every class.
   keep = np.sort(np.random.default_rng(0).permutation(len(source))[:n])
   if isinstance(source, ArraySource):
     return ArraySource(source.images[keep], source.labels[keep])
-  return _Subset(source, keep if isinstance(source, ImageFolderSource) else np.arange(n))
+  return _Subset(source, keep)
 
 
 # ---------------------------------------------------------------------------
@@ -502,25 +517,30 @@ def _resized_crop(item, short: int, crop: int, uy: float | None, ux: float | Non
   return np.asarray(out)
 
 
-def _each(images, transform: Callable[[int, Any], np.ndarray], shape: tuple[int, ...],
+def _each(images, transform: Callable[[int, Any], np.ndarray], shape: tuple[int, ...] | None,
           errors: list | None) -> np.ndarray:
   """`transform(k, images[k])` for every image, stacked into a uint8 `(b, *shape)` batch.
 
-  With a list `errors`, an ENCODED image that cannot be decoded (corrupt, truncated, not an
-  image) is left as zeros and `errors[k]` gets the reason (the loader skips it); otherwise, and
-  for arrays, the error is raised.
+  `shape` None: that of the first image transformed (`(1, 1, 3)` if none is). With a list
+  `errors`, an ENCODED image that cannot be decoded (corrupt, truncated, not an image) is left
+  as zeros and `errors[k]` gets the reason (the loader skips it); otherwise, and for arrays,
+  the error is raised.
   """
-  out = np.zeros((len(images), *shape), np.uint8)
+  out = None if shape is None else np.zeros((len(images), *shape), np.uint8)
   if errors is not None:
     errors[:] = [None] * len(images)
   for k, img in enumerate(images):
     try:
-      out[k] = transform(k, img)
+      one = transform(k, img)
     except (OSError, ValueError, SyntaxError) as e:  # PIL: UnidentifiedImageError, truncated, ...
       if errors is None or not isinstance(img, (bytes, bytearray, memoryview)):
         raise
       errors[k] = f'{type(e).__name__}: {e}'
-  return out
+      continue
+    if out is None:
+      out = np.zeros((len(images), *np.shape(one)), np.uint8)
+    out[k] = one
+  return np.zeros((len(images), 1, 1, 3), np.uint8) if out is None else out
 
 
 def augment_imagenet(images, u: np.ndarray, crop: int = 224,
@@ -641,23 +661,19 @@ class ImageSizeError(Exception):
 
 def _decode_same_size(images, errors) -> np.ndarray:
   """Encoded images decoded to RGB `(b, h, w, 3)`, all of the first decodable image's size."""
-  shape = None
-  for img in images:
-    try:
-      shape = np.asarray(_open(img).convert('RGB')).shape
-      break
-    except (OSError, ValueError, SyntaxError):
-      continue
+  first = []  # the size of the first image decoded
 
   def decode(k, img):
     out = np.asarray(_open(img).convert('RGB'))
-    if out.shape != shape:
-      raise ImageSizeError(f"image {k} of the batch is {out.shape[:2]}, another {shape[:2]}: "
+    if not first:
+      first.append(out.shape)
+    elif out.shape != first[0]:
+      raise ImageSizeError(f"image {k} of the batch is {out.shape[:2]}, another {first[0][:2]}: "
                            "augment 'none'/'flip'/'flip_crop' do not resize; use augment="
                            "'imagenet' (resize and crop) for images of different sizes.")
     return out
 
-  return _each(images, decode, shape or (1, 1, 3), errors)
+  return _each(images, decode, None, errors)
 
 
 # ---------------------------------------------------------------------------
@@ -769,9 +785,8 @@ class Loader:
       if index in self.skipped:
         return
       self.skipped.add(index)
-    name = getattr(self.source, 'describe', lambda i: f'example {i}')(index)
     logging.warning('skipping an image that cannot be decoded: %s (%s); it is masked out of '
-                    'every batch it is drawn in', name, error)
+                    'every batch it is drawn in', describe(self.source, index), error)
 
   def batch_at(self, r: int) -> dict[str, np.ndarray]:
     """Record `r`: this process's part of batch `r % steps_per_epoch` of epoch
@@ -794,10 +809,8 @@ class Loader:
 
     steps = self.steps_per_epoch
     start = epoch * steps + start_step
-    stop = None if stop_epoch is None else stop_epoch * steps
-    records = grain.MapDataset.range(start, stop) if stop is not None else (
-        grain.MapDataset.range(start, start + (1 << 62)))
-    ds = records.map(self.batch_at).to_iter_dataset(
+    stop = start + (1 << 62) if stop_epoch is None else stop_epoch * steps
+    ds = grain.MapDataset.range(start, stop).map(self.batch_at).to_iter_dataset(
         grain.ReadOptions(num_threads=self.num_threads, prefetch_buffer_size=self.prefetch))
     if self.num_workers > 0:
       if not flags.FLAGS.is_parsed():  # grain's workers read its absl flags: their defaults

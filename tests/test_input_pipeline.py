@@ -1,5 +1,7 @@
 """Input pipelines: the JPEG-folder archive, per-process batches, augmentation, TFDS mock data."""
 
+import os
+
 import ml_collections
 import numpy as np
 import pytest
@@ -43,6 +45,17 @@ def test_missing_archive_names_data_dir(tmp_path, monkeypatch):
   monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
   with pytest.raises(FileNotFoundError, match='data_dir=.*GEOPARAM_DATA_DIR'):
     ip.get_sources(_config(str(tmp_path / 'nowhere')))
+
+
+def test_local_cifar10_finds_our_archive_first(archive, tmp_path):
+  path, decode = ip.local_cifar10(archive)
+  assert path == os.path.join(archive, ip.JPEG_ARCHIVE) and decode is ip.decode_jpeg_archive
+  assert ip.local_cifar10(str(tmp_path / 'nowhere')) is None and ip.local_cifar10(None) is None
+  other = tmp_path / 'binary'
+  other.mkdir()
+  (other / ip.CIFAR10_BINARY).write_bytes(b'')
+  assert ip.local_cifar10(str(other)) == (str(other / ip.CIFAR10_BINARY),
+                                          ip.decode_cifar10_binary)
 
 
 def test_env_data_dir_is_used(archive, monkeypatch):

@@ -449,9 +449,9 @@ def _check_cifar10(data_dir: str | None) -> None:
   """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a CIFAR-10 archive."""
   from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
   resolved = input_pipeline.resolve_data_dir(data_dir)
-  names = (input_pipeline.JPEG_ARCHIVE, input_pipeline.CIFAR10_BINARY)
-  if resolved and any(os.path.isfile(os.path.join(resolved, n)) for n in names):
+  if input_pipeline.local_cifar10(resolved) is not None:
     return
+  names = (input_pipeline.JPEG_ARCHIVE, input_pipeline.CIFAR10_BINARY)
   where = (f'data_dir {resolved!r}' if data_dir else
            f'$GEOPARAM_DATA_DIR={os.environ.get("GEOPARAM_DATA_DIR")!r}')
   raise ConfigError(f'--config.data_dir={data_dir}: no {names[0]} (or {names[1]}) in {where}; '
