@@ -43,6 +43,7 @@ from geoparam import schedules
 from geoparam import variance
 from experiments import cifar_arrays
 from experiments import models
+from experiments import plotting
 from experiments import protocol
 from experiments import report
 from experiments.configs import validate
@@ -183,13 +184,9 @@ def plot(results, config, num_train: int, workdir: str) -> list[str]:
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
   protocol.plot_epoch_curves(axes, {m.upper(): r for m, r in results.items()})
   axes[1].legend(fontsize=8, loc='center left', bbox_to_anchor=(1.02, 0.5))
-  fig.suptitle(f'Deep sigmoid MLP ({config.depth} x {config.width}) on CIFAR-10, {num_train} '
-               f'training images, seed {config.seed} (one run per method; paper 003, Fig. 5)',
-               fontsize=10)
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'curves.png'), dpi=120)
-  plt.close(fig)
-  return ['curves.png']
+  return [plotting.save(fig, workdir, 'curves.png', title=(
+      f'Deep sigmoid MLP ({config.depth} x {config.width}) on CIFAR-10, {num_train} '
+      f'training images, seed {config.seed} (one run per method; paper 003, Fig. 5)'))]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

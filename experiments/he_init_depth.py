@@ -40,6 +40,7 @@ import numpy as np
 
 import geoparam
 from experiments import cifar_arrays
+from experiments import plotting
 from experiments import protocol
 from experiments import report
 from experiments.configs import validate
@@ -177,13 +178,9 @@ def plot(results, config, num_train: int, workdir: str) -> list[str]:
   axes[2].set_xlabel('layer (last: output)')
   axes[2].set_title(f'signal at init ({STD_EXAMPLES} training examples)', fontsize=10)
   axes[2].legend(fontsize=8, loc='center left', bbox_to_anchor=(1.02, 0.5))
-  fig.suptitle(f'Glorot vs He init, {config.depth}-layer rectifier MLP on {config.dataset} '
-               f'({num_train} training examples), seed {config.seed} (one run each; paper 001)',
-               fontsize=10)
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'curves.png'), dpi=120)
-  plt.close(fig)
-  return ['curves.png']
+  return [plotting.save(fig, workdir, 'curves.png', title=(
+      f'Glorot vs He init, {config.depth}-layer rectifier MLP on {config.dataset} '
+      f'({num_train} training examples), seed {config.seed} (one run each; paper 001)'))]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

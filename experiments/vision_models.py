@@ -22,8 +22,9 @@ VGG19 / pre-activation ResNet18 for CIFAR (paper 003 Table 1), each with a `para
   `sp` plain, no BN; `bn` plain + BN (paper 003's "VGG19" / "ResNet18");
   `lcw` LCW, no BN; `bn_lcw` LCW + BN ("+LCW"); `bn_wn`, `bn_cwn`, `bn_sn` the
   weight normalizations of paper 003 Table 1, applied like LCW to the BN models
-  (so they keep BN; rows of `experiments.models.PARAMETERIZATIONS`). Weights of every conv and hidden dense layer use the
-  parameterization; convs carry a bias only when no BN follows.
+  (so they keep BN; rows of `experiments.models.PARAMETERIZATIONS`). Weights of
+  every conv and hidden dense layer use the parameterization; convs carry a bias
+  only when no BN follows.
 
 Every model: a `width` multiplier on all channel counts (`round(c * width)`,
 at least 1) for reduced runs, and a plain `nn.Dense` output named `out`.
