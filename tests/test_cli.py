@@ -59,6 +59,9 @@ BAD_SETTINGS = [
   # Data the study reads: missing and no download allowed.
   ([BANANA, '--config.data_dir=/nonexistent'], "--config.data_dir=/nonexistent: banana.csv not "
                                                "found (--config.data_dir='/nonexistent')."),
+  ([CNN, '--config.data_dir=/nonexistent'], "--config.data_dir=/nonexistent: no cifar10-jpeg"),
+  ([CNN, '--config.dataset=image_folder', '--config.data_dir=/nonexistent'],
+   "--config.data_dir=/nonexistent: image folder dataset '/nonexistent' does not exist"),
   ([UCI, '--config.download=True', '--config.datasets=yacht,nope'],
    "--config.datasets=yacht,nope: unknown datasets ['nope']; valid ("),
   ([UCI, '--config.protocol=dirty'], '--config.protocol=dirty: must be one of reference, clean.'),

@@ -13,6 +13,7 @@ from PIL import Image
 from experiments import input_pipeline as ip
 from experiments import train
 from experiments.configs import cifar10_cnn
+from experiments.configs import validate
 
 CLASSES = ('cat', 'dog', 'eel')
 
@@ -150,6 +151,8 @@ def test_bad_layouts_name_the_path(tmp_path, layout, match):
     root = tmp_path / 'nowhere'
   with pytest.raises((FileNotFoundError, ValueError), match=match):
     ip.get_sources(_config(str(root)))
+  with pytest.raises(validate.ConfigError, match=match):  # the CLI's check before any work
+    validate.check_data(_config(str(root)))
 
 
 def test_training_on_an_image_folder_counts_skipped_images(tmp_path, monkeypatch):

@@ -429,6 +429,8 @@ def check_data(config) -> None:
       raise ConfigError(f'--config.datasets={config.datasets}: {message}') from None
   if _reads_cifar10(config) and not config.get('download', False):
     _check_cifar10(config.get('data_dir'))
+  if config.get('study', 'train') == 'train':
+    _check_vision_data(config)
   needed = DATA_FILES.get(config.get('study'))
   if needed and not config.get('download', False):
     from experiments import download  # pylint: disable=g-import-not-at-top (stdlib only)
@@ -443,6 +445,37 @@ def _reads_cifar10(config) -> bool:
   study = config.get('study')
   return study == 'deep_sigmoid_mlp' or (study == 'he_init_depth' and
                                          config.get('dataset') == 'cifar10')
+
+
+def _check_vision_data(config) -> None:
+  """Raises `ConfigError` unless the vision trainer's `config.dataset` can be opened as it will
+  be: the CIFAR-10 archive (unless `download`), the image folder's layout (every error
+  `image_folder_splits` would raise in the run) or the TFDS splits."""
+  from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  name, data_dir = config.get('dataset'), config.get('data_dir')
+  try:
+    if name == 'cifar10_jpeg':
+      if not config.get('download', False):
+        _check_cifar10(data_dir)
+    elif name == 'image_folder':
+      root = input_pipeline.resolve_data_dir(data_dir)
+      if not root:
+        raise ValueError('dataset image_folder needs a folder holding train/<class>/*.jpg and '
+                         'val/<class>/*.jpg: set --config.data_dir (or GEOPARAM_DATA_DIR).')
+      input_pipeline.image_folder_splits(root)
+    elif name in input_pipeline.TFDS_DATASETS:
+      train_split, eval_split, _ = input_pipeline.TFDS_DATASETS[name]
+      for split in (train_split, eval_split):
+        input_pipeline.load_tfds(name, split, data_dir)
+  except ConfigError:
+    raise
+  except ImportError as e:
+    raise ConfigError(f'--config.dataset={name}: needs {e.name} (pip install -e '
+                      "'.[experiments]').") from None
+  except (OSError, ValueError) as e:
+    message = ' '.join(str(e).split())  # a wrapped TFDS error may span lines
+    raise ConfigError(f'--config.data_dir={data_dir}: {message}') from None
 
 
 def _check_cifar10(data_dir: str | None) -> None:
