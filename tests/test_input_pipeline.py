@@ -144,11 +144,18 @@ def test_tfds_source_under_mock_data():
   with tfds.testing.mock_data(num_examples=12):
     sources = ip.get_sources(_config(None, dataset='cifar10', eval_examples=6))
     assert sources.num_classes == 10 and len(sources.train) == 12 and len(sources.eval) == 6
-    loader = ip.Loader(sources.train, 4, train=True,
-                       augment=ip.make_augment(_config(None), True), seed=0)
-    batch = next(loader.epoch(0))
+    aug = ip.make_augment(_config(None), True)
+    batches = list(ip.Loader(sources.train, 4, train=True, augment=aug, seed=0).epoch(0))
+    # The TFDS source is pickled to a grain worker process, which builds the same batches.
+    in_worker = list(ip.Loader(sources.train, 4, train=True, augment=aug, seed=0,
+                               num_workers=1).epoch(0))
+  batch = batches[0]
   assert batch['image'].shape == (4, 32, 32, 3) and batch['image'].dtype == np.uint8
   assert ((0 <= batch['label']) & (batch['label'] < 10)).all()
+  assert len(batches) == len(in_worker) == 3
+  for x, y in zip(batches, in_worker):
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
 
 
 def test_unknown_dataset():
