@@ -8,7 +8,7 @@ they compress like photographs, ~60-100 KB each) are generated in memory with PI
 
 - `train`: `experiments.input_pipeline`'s train transform of `config.augment='imagenet'`
   (decode, random-resized crop at 224, flip; with `--source=arrays` the decode happens in the
-  source, as for a TFDS source that returns decoded arrays, and is still inside the timing);
+  source, as for the CIFAR archive's in-memory arrays, and is still inside the timing);
 - `eval`: the eval transform (decode, shorter side to 256, centre crop 224).
 
 Also timed: a full decode alone (the floor of the host work per image). Per transform: ms and

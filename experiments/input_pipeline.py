@@ -10,7 +10,8 @@ Sources (`get_sources(config)`):
   `config.download=True` and no archive there, the official CIFAR-10 binary
   archive is fetched into the cache and decoded instead (`load_jpeg_archive`).
 - `cifar10`, `cifar100`, `imagenet_resized/32x32`, `imagenet2012`: TFDS through
-  `tfds.data_source` (ArrayRecord, random access, no TensorFlow needed).
+  `tfds.data_source` (ArrayRecord, random access, no TensorFlow needed), records read raw so
+  that the images reach the transforms still encoded (`TfdsSource`).
   `tfds.load` would need TensorFlow for tf.data; random access also gives the
   exact, process-count independent data order below.
 
@@ -100,7 +101,11 @@ class ArraySource:
 
 
 class TfdsSource:
-  """A `tfds.data_source` split: random access to decoded examples."""
+  """A `tfds.data_source` split, random access. `get` returns each example's image as TFDS stored
+  it, encoded (PNG/JPEG bytes: the transforms decode it, cropping before the resize), and its
+  label. Records are read raw and parsed with TFDS's own `tf.train.Example` proto, so no
+  TensorFlow is needed; a source of decoded examples (dicts) is read as arrays.
+  """
 
   def __init__(self, source):
     self._source = source
@@ -109,11 +114,20 @@ class TfdsSource:
     return len(self._source)
 
   def get(self, indices):
-    # Item by item: `__getitems__` is not implemented by every source (tfds mock data).
-    items = [self._source[int(i)] for i in indices]
-    images = [np.asarray(it['image']) for it in items]
-    labels = np.asarray([it['label'] for it in items], np.int32)
-    return images, labels
+    # Item by item: `__getitems__` is not implemented by every source.
+    images, labels = zip(*(_image_and_label(self._source[int(i)]) for i in indices))
+    return list(images), np.asarray(labels, np.int32)
+
+
+def _image_and_label(record) -> tuple[Any, int]:
+  """(image, label) of a TFDS record: a serialized `tf.train.Example` (the image's encoded bytes)
+  or a decoded example (a uint8 array)."""
+  if isinstance(record, dict):
+    return np.asarray(record['image']), int(record['label'])
+  from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top
+
+  feature = tf_example_pb2.Example.FromString(bytes(record)).features.feature
+  return feature['image'].bytes_list.value[0], int(feature['label'].int64_list.value[0])
 
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png')
@@ -350,7 +364,9 @@ def load_tfds(name: str, split: str, data_dir: str | None):
 
   data_dir = resolve_data_dir(data_dir)
   try:
-    return TfdsSource(tfds.data_source(name, split=split, data_dir=data_dir, download=False))
+    return TfdsSource(tfds.data_source(
+        name, split=split, data_dir=data_dir, download=False,
+        deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES))
   except Exception as e:  # tfds raises several types (DatasetNotFoundError, AssertionError, ...)
     manual = (' imagenet2012 needs the ILSVRC tars in <data_dir>/downloads/manual first.'
               if name == 'imagenet2012' else '')

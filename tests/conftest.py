@@ -4,6 +4,10 @@ float64 is enabled per test (the `x64` fixture), never globally at import, so
 the float32 tests see JAX's default dtypes.
 """
 
+import contextlib
+import io
+import zlib
+
 import jax
 import numpy as np
 import pytest
@@ -13,6 +17,42 @@ import pytest
 def x64():
   """Runs the test with 64-bit types enabled."""
   with jax.enable_x64(True):
+    yield
+
+
+def tfds_record(image: np.ndarray, label: int) -> bytes:
+  """A serialized `tf.train.Example` as TFDS stores an image example: the PNG and the label."""
+  from PIL import Image
+  from tensorflow_datasets.proto import tf_example_pb2
+
+  buf = io.BytesIO()
+  Image.fromarray(image).save(buf, format='PNG')
+  example = tf_example_pb2.Example()
+  example.features.feature['image'].bytes_list.value.append(buf.getvalue())
+  example.features.feature['label'].int64_list.value.append(int(label))
+  return example.SerializeToString()
+
+
+@contextlib.contextmanager
+def mock_tfds(num_examples: int):
+  """`tfds.testing.mock_data` whose data sources return what `tfds.data_source(...,
+  deserialize_method=RAW_BYTES)` returns for prepared data: serialized records (`tfds_record`)
+  of random images of the dataset's image shape (40-63 px a side where it is unknown) and
+  labels, deterministic per dataset and split. Built without TensorFlow."""
+  import tensorflow_datasets as tfds
+
+  def as_data_source(builder, split, **unused_kwargs):
+    features = builder.info.features
+    shape, num_classes = features['image'].shape, features['label'].num_classes
+    rng = np.random.default_rng(zlib.crc32(f'{builder.name}/{split}'.encode()))
+    records = []
+    for _ in range(num_examples):
+      h, w = (d or int(rng.integers(40, 64)) for d in shape[:2])
+      image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+      records.append(tfds_record(image, rng.integers(num_classes)))
+    return records
+
+  with tfds.testing.mock_data(as_data_source_fn=as_data_source):
     yield
 
 

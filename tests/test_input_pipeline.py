@@ -1,11 +1,15 @@
-"""Input pipelines: the JPEG-folder archive, per-process batches, augmentation, TFDS mock data."""
+"""Input pipelines: the JPEG-folder archive, per-process batches, augmentation, TFDS records."""
 
+import io
 import os
 
 import ml_collections
 import numpy as np
+from PIL import Image
 import pytest
 
+from conftest import mock_tfds
+from conftest import tfds_record
 from experiments import input_pipeline as ip
 
 
@@ -139,23 +143,41 @@ def test_imagenet_augmentation_shapes():
   assert ev.shape == (2, 16, 16, 3)
 
 
-def test_tfds_source_under_mock_data():
-  import tensorflow_datasets as tfds
-  with tfds.testing.mock_data(num_examples=12):
+def test_tfds_source_reads_encoded_images_from_raw_records():
+  with mock_tfds(12):
     sources = ip.get_sources(_config(None, dataset='cifar10', eval_examples=6))
     assert sources.num_classes == 10 and len(sources.train) == 12 and len(sources.eval) == 6
+    images, labels = sources.train.get([3, 0, 7])
     aug = ip.make_augment(_config(None), True)
     batches = list(ip.Loader(sources.train, 4, train=True, augment=aug, seed=0).epoch(0))
     # The TFDS source is pickled to a grain worker process, which builds the same batches.
     in_worker = list(ip.Loader(sources.train, 4, train=True, augment=aug, seed=0,
                                num_workers=1).epoch(0))
-  batch = batches[0]
-  assert batch['image'].shape == (4, 32, 32, 3) and batch['image'].dtype == np.uint8
-  assert ((0 <= batch['label']) & (batch['label'] < 10)).all()
-  assert len(batches) == len(in_worker) == 3
-  for x, y in zip(batches, in_worker):
+  # The record's PNG comes out as bytes; a source of the same examples decoded (dicts, as TFDS
+  # returns them without RAW_BYTES) gives the same pixels, labels and batches.
+  assert all(isinstance(x, bytes) and x[:4] == b'\x89PNG' for x in images)
+  assert labels.dtype == np.int32 and ((0 <= labels) & (labels < 10)).all()
+  decoded = [{'image': np.asarray(Image.open(io.BytesIO(x))), 'label': y}
+             for x, y in zip(*sources.train.get(range(12)))]
+  as_arrays = ip.TfdsSource(decoded)
+  np.testing.assert_array_equal(as_arrays.get([3, 0, 7])[1], labels)
+  for x, y in zip(as_arrays.get([3, 0, 7])[0], images):
+    np.testing.assert_array_equal(x, np.asarray(Image.open(io.BytesIO(y))))
+  reference = list(ip.Loader(as_arrays, 4, train=True, augment=aug, seed=0).epoch(0))
+  assert batches[0]['image'].shape == (4, 32, 32, 3) and batches[0]['image'].dtype == np.uint8
+  assert len(batches) == len(in_worker) == len(reference) == 3
+  for x, y, z in zip(batches, in_worker, reference):
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
+      np.testing.assert_array_equal(x[k], z[k])
+
+
+def test_tfds_record_parsing_matches_the_stored_image_and_label():
+  rng = np.random.default_rng(0)
+  image = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+  encoded, label = ip.TfdsSource([tfds_record(image, 42)]).get([0])
+  np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(encoded[0]))), image)
+  assert label.tolist() == [42]
 
 
 def test_unknown_dataset():

@@ -6,18 +6,18 @@ import os
 import numpy as np
 import pytest
 
+from conftest import mock_tfds
 from experiments import input_pipeline
 from experiments import train
 from experiments.configs import cifar10_cnn
 from experiments.configs import imagenet32_vgg6
 
 
-def test_imagenet32_smoke_under_tfds_mock_data(tmp_path, capsys):
-  import tensorflow_datasets as tfds
+def test_imagenet32_smoke_on_mock_tfds_records(tmp_path, capsys):
   config = imagenet32_vgg6.get_config('method=gmp_imn,smoke')
   assert config.learning_rate == 0.1 and config.method == 'gmp_imn'
   config.num_workers = 0
-  with tfds.testing.mock_data(num_examples=64):
+  with mock_tfds(64):
     summary = train.train_and_evaluate(config, str(tmp_path))
   assert summary['status'] == 'finished' and summary['steps'] == 64 // 16
   rows = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]

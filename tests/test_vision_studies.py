@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import vision_throughput
+from conftest import mock_tfds
 from experiments import input_pipeline
 from experiments import train
 from experiments import vision_models
@@ -26,13 +27,12 @@ def _check_run(summary, workdir, steps, num_classes):
   return summary['state']
 
 
-def test_imagenet_resnet50_smoke_under_tfds_mock_data(tmp_path):
-  import tensorflow_datasets as tfds
+def test_imagenet_resnet50_smoke_on_mock_tfds_records(tmp_path):
   # BN (cheapest to compile); GmP+IMN through the same loop: test_train's ImageNet32 run, and
   # the ResNet's IMN running means: test_vision_models.
   config = imagenet_resnet50.get_config('method=bn,smoke')
   config.num_workers = 0
-  with tfds.testing.mock_data(num_examples=16):
+  with mock_tfds(16):
     summary = train.train_and_evaluate(config, str(tmp_path))
   state = _check_run(summary, tmp_path, 16 // 8, 1000)
   mean = np.asarray(state.batch_stats['stage0_block0']['conv2']['bn']['mean'])
@@ -40,12 +40,11 @@ def test_imagenet_resnet50_smoke_under_tfds_mock_data(tmp_path):
   assert state.params['stem']['conv']['kernel'].shape == (7, 7, 3, 4)
 
 
-def test_cifar_lcw_smoke_under_tfds_mock_data(tmp_path):
-  import tensorflow_datasets as tfds
+def test_cifar_lcw_smoke_on_mock_tfds_records(tmp_path):
   config = cifar_lcw.get_config('model=preact_resnet18,smoke')
   assert (config.method, config.weight_decay, config.lr_schedule) == ('bn_lcw', 5e-4, 'decay')
   config.num_workers = 0
-  with tfds.testing.mock_data(num_examples=16):
+  with mock_tfds(16):
     summary = train.train_and_evaluate(config, str(tmp_path))
   state = _check_run(summary, tmp_path, 16 // 8, 10)
   kernel = vision_models.geoparam.linear_constrained.kernel_from_v(

@@ -30,7 +30,7 @@ early-training numbers of one seed, not Table 1's.
       --config=experiments/configs/cifar_lcw.py:model=vgg19,method=bn_lcw,reduced \
       --workdir=/tmp/gp8/lcw_vgg19_bn_lcw --config.data_dir=../shared/data
 
-`smoke` (e.g. under `tfds.testing.mock_data`): 1/16 width (ResNet18: one stage
+`smoke` (e.g. on the tests' mock TFDS records): 1/16 width (ResNet18: one stage
 of one block), no dropout, 16 train / 8 eval examples, one epoch.
 
 (`config.model` names a model of `experiments.vision_models.create_model`;

@@ -16,7 +16,7 @@ Several hosts (same command on each, process_id 0..N-1):
       --workdir=/shared/in32_bn --coordinator_address=HOST0:1234 --num_processes=N \
       --process_id=I
 
-`smoke` (e.g. under `tfds.testing.mock_data`): a tiny CNN, 64 train / 32 eval
+`smoke` (e.g. on the tests' mock TFDS records): a tiny CNN, 64 train / 32 eval
 examples, one epoch.
 """
 

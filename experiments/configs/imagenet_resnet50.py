@@ -13,7 +13,7 @@ ILSVRC tars in DIR/downloads/manual).
   python -m experiments.main --config=experiments/configs/imagenet_resnet50.py:method=gmp_imn \
       --workdir=/tmp/in_r50_gmp_imn --config.data_dir=DIR
 
-`smoke` (e.g. under `tfds.testing.mock_data`): a 1-block, 1/16-width bottleneck
+`smoke` (e.g. on the tests' mock TFDS records): a 1-block, 1/16-width bottleneck
 ResNet on 32x32 crops, 16 train / 8 eval examples, one epoch.
 
 (`config.model` names a model of `experiments.vision_models.create_model`;
