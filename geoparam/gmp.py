@@ -37,7 +37,8 @@ from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam.normalization import InputMeanNorm
 
-__all__ = ['directions', 'gmp_kernel', 'gmp_variables', 'imn_fold', 'GmPDense', 'GmPConv']
+__all__ = ['directions', 'gmp_kernel', 'gmp_variables', 'imn_fold', 'imn_subtracts', 'GmPDense',
+           'GmPConv']
 
 Initializer = Callable[..., jax.Array]
 
@@ -78,6 +79,23 @@ def imn_fold(lam: jax.Array, u: jax.Array, mean: jax.Array, precision=None) -> j
   Shapes: `lam (F,)`, `u (fan_in, F)`, `mean (fan_in,)`; returns `(F,)`.
   """
   return lam - jnp.dot(mean.astype(u.dtype), u, precision=precision)
+
+
+def imn_subtracts(inputs_shape: Sequence[int], kernel_shape: Sequence[int]) -> bool:
+  """Whether IMN is cheaper as `x - mean` than folded into the bias, for a layer's shapes.
+
+  Both are exact. Subtracting is one elementwise pass over the inputs (fused with the
+  reduction that takes their mean); folding (`imn_fold`, `conv.imn_split`) is work in
+  proportion to the kernel (`u^T mean` forward, a rank-1 kernel gradient backward). So small
+  activations and large kernels (ResNet-50's late stages at small batches or images) subtract,
+  the papers' batch-256 activations fold.
+
+    >>> imn_subtracts((16, 2, 2, 512), (3, 3, 512, 512))  # 32k activations, 2.4M kernel
+    True
+    >>> imn_subtracts((256, 56, 56, 64), (3, 3, 64, 64))
+    False
+  """
+  return math.prod(inputs_shape) < math.prod(kernel_shape)
 
 
 def get_or_create_param(module: nn.Module, name: str, make_init: Callable[[], Initializer],
@@ -234,7 +252,9 @@ class GmPDense(_GmPBase):
       raise ValueError(f'GmPDense expects inputs of shape (..., fan_in), got {inputs.shape}.')
     mean = self._input_mean(inputs, use_running_average)
     kernel, lam, scale = self._params(inputs.shape[-1])
-    if mean is not None:
+    if mean is not None and imn_subtracts(inputs.shape, kernel.shape):
+      inputs = inputs - mean.astype(inputs.dtype)
+    elif mean is not None:
       # IMN folded into the bias: u^T (x - mu) + lam = u^T x + (lam - u^T mu); no pass over x.
       lam = imn_fold(lam, kernel, mean, self.precision)
     inputs, kernel, lam, scale = nn.dtypes.promote_dtype(
@@ -304,7 +324,9 @@ class GmPConv(_GmPBase):
     kernel, lam, scale = self._params(math.prod(shape[:-1]))
     kernel = kernel.reshape(shape)
     positions = None
-    if mean is not None:
+    if mean is not None and imn_subtracts(inputs.shape, shape):
+      inputs = inputs - mean.astype(inputs.dtype)
+    elif mean is not None:
       # IMN without a pass over x: conv(x - mu) = conv(x) - conv(mu * 1), the second term
       # (F,), folded into lam, plus a correction at the output positions whose windows hold
       # padded zeros (conv.imn_split).

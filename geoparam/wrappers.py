@@ -52,6 +52,7 @@ from geoparam.gmp import get_or_create_param
 from geoparam.gmp import gmp_from_dense
 from geoparam.gmp import gmp_variables
 from geoparam.gmp import imn_fold
+from geoparam.gmp import imn_subtracts
 from geoparam.normalization import InputMeanNorm
 
 __all__ = ['GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'CALLS',
@@ -263,6 +264,13 @@ def _input_mean(holder, cfg, x, contract_axes, use_running_average):
   return imn.mean(flat, use_running_average)
 
 
+def _subtract_mean(x, mean, contract_axes):
+  """`x` minus `mean` `(fan_in_part,)` of `_input_mean` (flattened over `contract_axes`)."""
+  m = mean.astype(x.dtype).reshape((1,) * (x.ndim - len(contract_axes)) +
+                                   tuple(x.shape[a] for a in contract_axes))
+  return x - jnp.moveaxis(m, tuple(range(x.ndim - len(contract_axes), x.ndim)), contract_axes)
+
+
 def contract_axes(layer: nn.Module, ndim: int) -> tuple[int, ...]:
   """The input axes a layer contracts with its kernel (all fan-in axes but a conv's window)."""
   if isinstance(layer, nn.DenseGeneral):
@@ -288,8 +296,10 @@ def gmp_call(holder, cfg, layer, inputs, use_running_average=None):
   dtype = layer.param_dtype
   mean = None
   if cfg.input_mean_norm:
-    mean = _input_mean(holder, cfg, inputs, contract_axes(layer, inputs.ndim),
-                       use_running_average)
+    axes = contract_axes(layer, inputs.ndim)
+    mean = _input_mean(holder, cfg, inputs, axes, use_running_average)
+    if imn_subtracts(inputs.shape, kernel_shape):
+      inputs, mean = _subtract_mean(inputs, mean, axes), None
   if holder.has_variable('params', 'theta'):
     inits = (None,) * 4  # never called: the params exist
   else:

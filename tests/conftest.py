@@ -13,6 +13,18 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(params=['fold', 'subtract'])
+def imn_path(request, monkeypatch):
+  """Runs the test with IMN folded into the bias and with IMN subtracted from the inputs
+  everywhere (`geoparam.gmp.imn_subtracts` picks one per layer by size; both must be exact)."""
+  import geoparam
+
+  subtract = request.param == 'subtract'
+  for module in (geoparam.gmp, geoparam.wrappers):
+    monkeypatch.setattr(module, 'imn_subtracts', lambda *shapes: subtract)
+  return request.param
+
+
 @pytest.fixture
 def x64():
   """Runs the test with 64-bit types enabled."""

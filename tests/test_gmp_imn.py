@@ -20,7 +20,7 @@ class _Explicit(nn.Module):
 
 
 @pytest.mark.parametrize('shape', [(16, 7), (3, 5, 7)])
-def test_folded_imn_equals_explicit_subtraction(shape):
+def test_folded_imn_equals_explicit_subtraction(shape, imn_path):
   with jax.enable_x64(True):
     x = jax.random.normal(jax.random.key(0), shape, jnp.float64) * 2 + 3
     folded = geoparam.GmPDense(4, input_mean_norm=True, param_dtype=jnp.float64)
@@ -121,7 +121,7 @@ def _outputs_and_grads(apply, params, x, train):
 
 
 @pytest.mark.parametrize('i', range(len(IMN_CONV_CASES)))
-def test_conv_imn_equals_explicit_subtraction(x64, i):
+def test_conv_imn_equals_explicit_subtraction(x64, i, imn_path):
   case = IMN_CONV_CASES[i]
   x = _conv_input(case)
   folded = geoparam.GmPConv(4, input_mean_norm=True, param_dtype=jnp.float64, **case)
@@ -149,7 +149,7 @@ def test_conv_imn_equals_explicit_subtraction(x64, i):
 
 
 @pytest.mark.parametrize('i', range(len(IMN_CONV_CASES)))
-def test_wrapper_conv_imn_equals_explicit_subtraction(x64, i):
+def test_wrapper_conv_imn_equals_explicit_subtraction(x64, i, imn_path):
   """GmP(nn.Conv, input_mean_norm=True) == nn.Conv(kernel = scale u, bias = scale lam)(x - mean)."""
   case = IMN_CONV_CASES[i]
   x = _conv_input(case, key=3)
@@ -196,9 +196,11 @@ def test_imn_bias_is_per_position_exactly_where_zeros_are_padded(x64, i):
   np.testing.assert_allclose(jnp.broadcast_to(bias, want.shape), want, rtol=1e-13, atol=1e-13)
 
 
-def test_conv_imn_makes_no_pass_over_the_activations():
-  """No elementwise op on an input-shaped array: the conv reads x, the batch mean reduces it."""
-  x = jnp.ones((2, 6, 6, 3))
+def test_conv_imn_makes_no_pass_over_the_activations_when_folded():
+  """Folded (activations larger than the kernel, `gmp.imn_subtracts`): no elementwise op on an
+  input-shaped array; the conv reads x, the batch mean reduces it."""
+  x = jnp.ones((8, 6, 6, 3))
+  assert not geoparam.gmp.imn_subtracts(x.shape, (3, 3, 3, 4))
   for layer in (geoparam.GmPConv(4, (3, 3), input_mean_norm=True),
                 geoparam.GmP(nn.Conv(4, (3, 3)), input_mean_norm=True)):
     v = layer.init(jax.random.key(0), x, use_running_average=False)
@@ -208,3 +210,54 @@ def test_conv_imn_makes_no_pass_over_the_activations():
       shaped = [e.primitive.name for e in jaxpr.eqns
                 if any(getattr(o.aval, 'shape', None) == x.shape for o in e.outvars)]
       assert shaped == [], shaped  # before issue 17: ['sub'] (x - mean)
+
+
+def test_small_activations_subtract_the_mean_instead():
+  """Activations smaller than the kernel: `x - mean` (one op on x) and no kernel-sized fold."""
+  x = jnp.ones((1, 2, 2, 8))
+  assert geoparam.gmp.imn_subtracts(x.shape, (3, 3, 8, 16))
+  for layer in (geoparam.GmPConv(16, (3, 3), input_mean_norm=True),
+                geoparam.GmP(nn.Conv(16, (3, 3)), input_mean_norm=True)):
+    v = layer.init(jax.random.key(0), x, use_running_average=False)
+    jaxpr = jax.make_jaxpr(lambda v, x: layer.apply(
+        v, x, use_running_average=False, mutable=['batch_stats']))(v, x)
+    shaped = [e.primitive.name for e in jaxpr.eqns
+              if any(getattr(o.aval, 'shape', None) == x.shape for o in e.outvars)]
+    assert shaped == ['sub'], shaped
+    assert 'dot_general' not in _primitives(jaxpr.jaxpr)  # no u^T mean, no imn_split einsum
+
+
+def _primitives(jaxpr) -> set[str]:
+  """Every primitive in `jaxpr` and the jaxprs nested in its equations (pjit, scan, cond...)."""
+  names = set()
+  for e in jaxpr.eqns:
+    names.add(e.primitive.name)
+    for value in e.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(sub, 'jaxpr', sub)
+        if hasattr(inner, 'eqns'):
+          names |= _primitives(inner)
+  return names
+
+
+@pytest.mark.parametrize('axis', [(1, 2), (-1,), (0, 3)])
+def test_dense_general_imn_both_ways_equals_numpy(x64, imn_path, axis):
+  """IMN over the contracted axes of a DenseGeneral (moved and flattened) matches x - mean."""
+  x = jax.random.normal(jax.random.key(0), (3, 2, 4, 5), jnp.float64) * 2 + 1
+  layer = nn.DenseGeneral(3, axis=axis, param_dtype=jnp.float64)
+  wrapped = geoparam.GmP(layer, input_mean_norm=True)
+  v = wrapped.init(jax.random.key(1), x, use_running_average=False)
+  v = jax.tree.map(lambda a: a + 0.2, v)
+  axes = tuple(a % 4 for a in axis)
+  kernel = (geoparam.gmp_kernel(v['params']['theta']) * v['params']['scale']).reshape(
+      tuple(x.shape[a] for a in axes) + (3,))
+  plain = {'params': {'kernel': kernel, 'bias': v['params']['scale'] * v['params']['lam']}}
+  batch_axes = tuple(a for a in range(4) if a not in axes)
+  for train in (True, False):
+    mean = (np.asarray(x).mean(axis=batch_axes, keepdims=True) if train else np.moveaxis(
+        np.asarray(v['batch_stats']['input_mean_norm']['mean']).reshape(
+            (1,) * len(batch_axes) + tuple(x.shape[a] for a in axes)),
+        tuple(range(len(batch_axes), 4)), axes))
+    got, _ = wrapped.apply(v, x, use_running_average=not train, mutable=['batch_stats'])
+    np.testing.assert_allclose(got, layer.apply(plain, np.asarray(x) - mean), rtol=1e-12,
+                               atol=1e-12)

@@ -54,7 +54,7 @@ CONV_CASES = [
 
 @pytest.mark.parametrize('case,imn', [(c, i % 2 == 1) for i, c in enumerate(CONV_CASES)] +
                          [(CONV_CASES[0], True), (CONV_CASES[1], False)])
-def test_gmp_conv_wrapper_equals_paper_form(x64, case, imn):
+def test_gmp_conv_wrapper_equals_paper_form(x64, case, imn, imn_path):
   nd = len(case['kernel_size'])
   x = jax.random.normal(jax.random.key(0), (2,) + (6,) * nd + (4,), jnp.float64) + 0.7
   layer = nn.Conv(6, param_dtype=jnp.float64, **case)
@@ -80,7 +80,7 @@ def test_gmp_conv_wrapper_equals_paper_form(x64, case, imn):
                              atol=1e-12)
 
 
-def test_imn_dense_folded_equals_explicit_subtraction(x64):
+def test_imn_dense_folded_equals_explicit_subtraction(x64, imn_path):
   x = jax.random.normal(jax.random.key(0), (8, 5), jnp.float64) * 2 + 3
   wrapped = geoparam.GmP(nn.Dense(3, param_dtype=jnp.float64), input_mean_norm=True)
   v = wrapped.init(jax.random.key(1), x, use_running_average=False)
