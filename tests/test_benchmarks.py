@@ -78,3 +78,18 @@ def test_eager_benchmark_runs_on_tiny_shapes_and_writes_json(tmp_path):
   assert json.loads(out.read_text())['tiny'] is True
   with pytest.raises(ValueError, match='accepted'):
     eager.run(['GmPDence'], tiny=True, repeats=1)
+
+
+def test_model_map_runs_on_tiny_models_and_writes_json(tmp_path):
+  from benchmarks import model_map
+  out = tmp_path / 'map.json'
+  rows = model_map.run(('resnet50', 'vgg6'), repeats=2, tiny=True, out=str(out))
+  saved = json.loads(out.read_text())['rows']
+  assert [r['model'] for r in saved] == ['resnet50', 'vgg6'] and saved == rows
+  for r in rows:  # every GmP layer's angles are counted: fan_in - 1 per output channel
+    shapes = model_map.thetas_of(r['model'], tiny=True)
+    assert r['layers'] == len(shapes) >= 2
+    assert r['angles'] == sum(int(np.prod(s.shape)) for s in shapes) > 0
+    assert r['compile_s'] > 0 and 0 < r['min_ms'] <= r['ms']
+  with pytest.raises(ValueError, match='unknown models'):
+    model_map.run(('resnet51',), tiny=True)
