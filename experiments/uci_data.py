@@ -68,7 +68,10 @@ def uci_dir(data_dir: str | None = None) -> str:
   raise ValueError(
       f'{source}={given!r}: no UCI .txt files in {candidates[0]!r} or {given!r}; '
       + (f'that directory holds {found}.' if found is not None
-         else 'that directory does not exist.'))
+         else 'that directory does not exist.') + _DOWNLOAD_HINT)
+
+
+_DOWNLOAD_HINT = f' Pass --download to fetch the paper\'s datasets ({", ".join(DOWNLOADABLE)}).'
 
 
 def _local_dir(data_dir: str | None) -> str | None:
@@ -100,9 +103,12 @@ def check_datasets(names, data_dir: str | None = None, download: bool = False
   if unknown or not names:
     where = (f'files in {uci_dir(data_dir)}' if not download
              else f'files in {_local_dir(data_dir)} or downloadable')
+    fetchable = [] if download else [n for n in unknown if n in DOWNLOADABLE]
     raise ValueError(
         f'--datasets: unknown datasets {unknown or list(names)}; valid ({where}): '
-        f'{", ".join(found)}.')
+        f'{", ".join(found)}.'
+        + (f' {", ".join(fetchable)}: pass --download to fetch '
+           f'{"it" if len(fetchable) == 1 else "them"}.' if fetchable else ''))
   return names
 
 
