@@ -6,6 +6,12 @@ the float32 tests see JAX's default dtypes.
 
 import contextlib
 import io
+# Imported before any test: tensorflow_datasets imports under etils' `lazy_imports`, which swaps
+# `builtins.__import__` for the whole process, and a finalizer that raised inside that window
+# made pytest's unraisable-exception hook import tracemalloc as a lazy module, which fails
+# ("'LazyModule' object is not callable") and failed the test around it (CI, 2026-11-25). With
+# tracemalloc loaded, such an exception is reported as the warning it is.
+import tracemalloc  # noqa: F401  pylint: disable=unused-import
 import zlib
 
 import jax
