@@ -6,17 +6,21 @@ the float32 tests see JAX's default dtypes.
 
 import contextlib
 import io
-# Imported before any test: tensorflow_datasets imports under etils' `lazy_imports`, which swaps
-# `builtins.__import__` for the whole process, and a finalizer that raised inside that window
-# made pytest's unraisable-exception hook import tracemalloc as a lazy module, which fails
-# ("'LazyModule' object is not callable") and failed the test around it (CI, 2026-11-25). With
-# tracemalloc loaded, such an exception is reported as the warning it is.
-import tracemalloc  # noqa: F401  pylint: disable=unused-import
+import tracemalloc  # noqa: F401  pylint: disable=unused-import (see below)
 import zlib
 
 import jax
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
+
+# tensorflow_datasets imports its modules under etils' `lazy_imports`, which swaps
+# `builtins.__import__` for the whole process. Done mid-suite (the first TFDS test), that window
+# caught finalizers of earlier tests' multiprocessing objects (grain workers), whose
+# `from .resource_tracker import unregister` then raised, and pytest's unraisable-exception hook,
+# importing tracemalloc inside the window, crashed and failed the test around it (CI,
+# 2026-11-25). So tracemalloc and TFDS's modules are loaded here, before any test runs.
+tfds.data_source, tfds.testing.mock_data  # pylint: disable=pointless-statement
 
 
 @pytest.fixture(params=['fold', 'subtract'])
@@ -57,7 +61,6 @@ def mock_tfds(num_examples: int):
   deserialize_method=RAW_BYTES)` returns for prepared data: serialized records (`tfds_record`)
   of random images of the dataset's image shape (40-63 px a side where it is unknown) and
   labels, deterministic per dataset and split. Built without TensorFlow."""
-  import tensorflow_datasets as tfds
 
   def as_data_source(builder, split, **unused_kwargs):
     features = builder.info.features
