@@ -170,14 +170,18 @@ class _GmPBase(nn.Module):
           f'{type(self).__name__}: activation must be a function (e.g. nn.relu) or None for '
           f'linear, got {self.activation!r}.')
 
-  def _input_mean(self, x, use_running_average):
-    """IMN's mean of the inputs `(in_features,)` (batch_stats/input_mean_norm/mean), or None."""
+  def _input_mean(self, x, kernel_shape, use_running_average):
+    """IMN on the inputs `x` `(..., in_features)`: `(x - mean, None)` where the layer subtracts
+    the mean (`imn_subtracts`), else `(x, mean)` with the mean `(in_features,)` for the layer to
+    fold into its bias; `(x, None)` without IMN. The mean is batch_stats/input_mean_norm/mean."""
     if not self.input_mean_norm:
-      return None
+      return x, None
     imn = InputMeanNorm(
         use_running_average=self.use_running_average, momentum=self.momentum,
         axis_name=self.axis_name, name='input_mean_norm')
-    return imn.mean(x, use_running_average)
+    if imn_subtracts(x.shape, kernel_shape):
+      return imn(x, use_running_average), None
+    return x, imn.mean(x, use_running_average)
 
   def _params(self, fan_in: int):
     """Creates theta, lam, scale (and sign for fan-in 1); returns the kernel and both vectors."""
@@ -250,11 +254,10 @@ class GmPDense(_GmPBase):
     inputs = jnp.asarray(inputs)
     if inputs.ndim < 1:
       raise ValueError(f'GmPDense expects inputs of shape (..., fan_in), got {inputs.shape}.')
-    mean = self._input_mean(inputs, use_running_average)
+    inputs, mean = self._input_mean(inputs, (inputs.shape[-1], self.features),
+                                    use_running_average)
     kernel, lam, scale = self._params(inputs.shape[-1])
-    if mean is not None and imn_subtracts(inputs.shape, kernel.shape):
-      inputs = inputs - mean.astype(inputs.dtype)
-    elif mean is not None:
+    if mean is not None:
       # IMN folded into the bias: u^T (x - mu) + lam = u^T x + (lam - u^T mu); no pass over x.
       lam = imn_fold(lam, kernel, mean, self.precision)
     inputs, kernel, lam, scale = nn.dtypes.promote_dtype(
@@ -320,13 +323,11 @@ class GmPConv(_GmPBase):
     inputs = jnp.asarray(inputs)
     shape = conv.kernel_shape('GmPConv', tuple(self.kernel_size), inputs.shape, self.features,
                               self.feature_group_count)
-    mean = self._input_mean(inputs, use_running_average)
+    inputs, mean = self._input_mean(inputs, shape, use_running_average)
     kernel, lam, scale = self._params(math.prod(shape[:-1]))
     kernel = kernel.reshape(shape)
     positions = None
-    if mean is not None and imn_subtracts(inputs.shape, shape):
-      inputs = inputs - mean.astype(inputs.dtype)
-    elif mean is not None:
+    if mean is not None:
       # IMN without a pass over x: conv(x - mu) = conv(x) - conv(mu * 1), the second term
       # (F,), folded into lam, plus a correction at the output positions whose windows hold
       # padded zeros (conv.imn_split).
