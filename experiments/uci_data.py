@@ -68,10 +68,17 @@ def uci_dir(data_dir: str | None = None) -> str:
   raise ValueError(
       f'{source}={given!r}: no UCI .txt files in {candidates[0]!r} or {given!r}; '
       + (f'that directory holds {found}.' if found is not None
-         else 'that directory does not exist.') + _DOWNLOAD_HINT)
+         else 'that directory does not exist.') + _download_hint(DOWNLOADABLE))
 
 
-_DOWNLOAD_HINT = f' Pass --download to fetch the paper\'s datasets ({", ".join(DOWNLOADABLE)}).'
+def _download_hint(names) -> str:
+  """The sentence our errors end with for those of `names` that can be downloaded ('' if none)."""
+  fetchable = [n for n in names if n in DOWNLOADABLE]
+  if not fetchable:
+    return ''
+  one = len(fetchable) == 1
+  return (f' Pass --download to fetch {", ".join(fetchable)} from '
+          f'{"its public source" if one else "their public sources"}.')
 
 
 def _local_dir(data_dir: str | None) -> str | None:
@@ -103,12 +110,9 @@ def check_datasets(names, data_dir: str | None = None, download: bool = False
   if unknown or not names:
     where = (f'files in {uci_dir(data_dir)}' if not download
              else f'files in {_local_dir(data_dir)} or downloadable')
-    fetchable = [] if download else [n for n in unknown if n in DOWNLOADABLE]
     raise ValueError(
         f'--datasets: unknown datasets {unknown or list(names)}; valid ({where}): '
-        f'{", ".join(found)}.'
-        + (f' {", ".join(fetchable)}: pass --download to fetch '
-           f'{"it" if len(fetchable) == 1 else "them"}.' if fetchable else ''))
+        f'{", ".join(found)}.' + ('' if download else _download_hint(unknown)))
   return names
 
 
@@ -183,8 +187,7 @@ def load(name: str, data_dir: str | None = None, download: bool = False,
       raise ValueError(
           f'--datasets: no file {name}.txt in {folder}; found: '
           f'{", ".join(available(data_dir, download))}.'
-          + ('' if download or name not in DOWNLOADABLE else
-             ' Pass --download (download=True) to fetch it from its public source.'))
+          + ('' if download else _download_hint([name])))
   x, y, last_line = parse(path)
   return Dataset(name, x, y, path, last_line)
 

@@ -63,7 +63,7 @@ BAD_SETTINGS = [
   ([CNN, '--config.dataset=image_folder', '--config.data_dir=/nonexistent'],
    "--config.data_dir=/nonexistent: image folder dataset '/nonexistent' does not exist"),
   ([UCI, '--config.data_dir=/nonexistent'], "that directory does not exist. Pass "
-                                            "--config.download=True to fetch the paper's datasets"),
+                                            "--config.download=True to fetch boston, concrete,"),
   ([UCI, '--config.download=True', '--config.datasets=yacht,nope'],
    "--config.datasets=yacht,nope: unknown datasets ['nope']; valid ("),
   ([UCI, '--config.protocol=dirty'], '--config.protocol=dirty: must be one of reference, clean.'),

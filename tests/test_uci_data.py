@@ -92,12 +92,14 @@ def test_missing_directory_and_unknown_dataset(tmp_path):
     uci_data.load('nope', DATA_DIR)
   with pytest.raises(ValueError, match=r"--datasets: unknown datasets \['nope'\].*yacht"):
     uci_data.check_datasets(['yacht', 'nope'], DATA_DIR)
-  with pytest.raises(ValueError, match="does not exist. Pass --download to fetch the paper's"):
+  with pytest.raises(ValueError, match="does not exist. Pass --download to fetch boston, "
+                                       "concrete, energy, power, wine, yacht from their public"):
     uci_data.check_datasets(['yacht'], str(tmp_path / 'nowhere'))
   # A folder of the user's own files only: a paper dataset missing there gets the download hint.
   (tmp_path / 'mine.txt').write_text('1 2\n3 4\n')
   with pytest.raises(ValueError, match=r"unknown datasets \['yacht', 'nope'\]; valid \(files in "
-                                       r".*\): mine\. yacht: pass --download to fetch it\.$"):
+                                       r".*\): mine\. Pass --download to fetch yacht from its "
+                                       r"public source\.$"):
     uci_data.check_datasets(['yacht', 'nope'], str(tmp_path))
   with pytest.raises(ValueError, match=r"\['nope'\]; valid \(files in .*\): mine\.$"):
     uci_data.check_datasets(['nope'], str(tmp_path))
