@@ -210,10 +210,7 @@ def test_conv_imn_makes_no_pass_over_the_activations_when_folded():
                 geoparam.GmP(nn.Conv(4, (3, 3)), input_mean_norm=True)):
     v = layer.init(jax.random.key(0), x, use_running_average=False)
     for train in (True, False):
-      jaxpr = jax.make_jaxpr(lambda v, x: layer.apply(
-          v, x, use_running_average=not train, mutable=['batch_stats']))(v, x)
-      shaped = [e.primitive.name for e in jaxpr.eqns
-                if any(getattr(o.aval, 'shape', None) == x.shape for o in e.outvars)]
+      shaped = _ops_on_inputs(_apply_jaxpr(layer, v, x, train), x.shape)
       assert shaped == [], shaped  # before issue 17: ['sub'] (x - mean)
 
 
@@ -224,12 +221,21 @@ def test_small_activations_subtract_the_mean_instead():
   for layer in (geoparam.GmPConv(16, (3, 3), input_mean_norm=True),
                 geoparam.GmP(nn.Conv(16, (3, 3)), input_mean_norm=True)):
     v = layer.init(jax.random.key(0), x, use_running_average=False)
-    jaxpr = jax.make_jaxpr(lambda v, x: layer.apply(
-        v, x, use_running_average=False, mutable=['batch_stats']))(v, x)
-    shaped = [e.primitive.name for e in jaxpr.eqns
-              if any(getattr(o.aval, 'shape', None) == x.shape for o in e.outvars)]
+    jaxpr = _apply_jaxpr(layer, v, x, train=True)
+    shaped = _ops_on_inputs(jaxpr, x.shape)
     assert shaped == ['sub'], shaped
     assert 'dot_general' not in _primitives(jaxpr.jaxpr)  # no u^T mean, no imn_split einsum
+
+
+def _apply_jaxpr(layer, v, x, train):
+  return jax.make_jaxpr(lambda v, x: layer.apply(
+      v, x, use_running_average=not train, mutable=['batch_stats']))(v, x)
+
+
+def _ops_on_inputs(jaxpr, shape) -> list[str]:
+  """The top-level primitives of `jaxpr` that produce an array of the layer input's `shape`."""
+  return [e.primitive.name for e in jaxpr.eqns
+          if any(getattr(o.aval, 'shape', None) == shape for o in e.outvars)]
 
 
 def _primitives(jaxpr) -> set[str]:
