@@ -17,9 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from geoparam import methods
 from geoparam import wrappers
-from geoparam.wrappers import centered_weight_norm
-from geoparam.wrappers import weight_norm
+from geoparam.methods.cwn import centered_weight_norm
+from geoparam.methods.wn import weight_norm
 
 __all__ = ['weight_norm', 'centered_weight_norm', 'CWNDense', 'CWNConv', 'StandardizationLayer']
 
@@ -61,13 +62,16 @@ class CWNDense(nn.Module):
   scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
   epsilon: float = 1e-12
 
+  def _method(self) -> methods.Method:
+    return methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
+
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """`(..., fan_in) -> (..., features)`."""
     dense = nn.Dense(self.features, use_bias=self.use_bias, dtype=self.dtype,
                      param_dtype=self.param_dtype, precision=self.precision,
                      kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.cwn_call(self, self, dense, inputs)
+    return wrappers.call(self, self._method(), dense, inputs)
 
 
 class CWNConv(nn.Module):
@@ -108,6 +112,8 @@ class CWNConv(nn.Module):
   scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
   epsilon: float = 1e-12
 
+  _method = CWNDense._method
+
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
@@ -116,7 +122,7 @@ class CWNConv(nn.Module):
                     feature_group_count=self.feature_group_count, use_bias=self.use_bias,
                     dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
                     kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.cwn_call(self, self, layer, inputs)
+    return wrappers.call(self, self._method(), layer, inputs)
 
 
 class StandardizationLayer(nn.Module):

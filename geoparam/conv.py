@@ -204,19 +204,29 @@ def imn_split(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
     [[5.0, 3.0, 3.0, 5.0], [3.0, 0.0, 0.0, 3.0]]
   """
   num_spatial = kernel.ndim - 2
+  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1]))
+  return split(mask, kernel, mean, layer.precision, layer.mask)
+
+
+def split(tap_mask_: np.ndarray, kernel: jax.Array, mean: jax.Array, precision=None,
+          kernel_mask=None) -> tuple[jax.Array, np.ndarray, jax.Array]:
+  """`imn_split` from a conv's `tap_mask` `(*spatial_out, taps)` (any framework's conv).
+
+  `kernel_mask`: the conv's `mask` over its kernel, or None.
+  """
   taps, group_in, features = math.prod(kernel.shape[:-2]), kernel.shape[-2], kernel.shape[-1]
   groups = mean.shape[-1] // group_in
   dtype = jnp.promote_types(jnp.promote_types(kernel.dtype, mean.dtype), jnp.float32)
-  if layer.mask is not None:
-    kernel = kernel * jnp.asarray(layer.mask, kernel.dtype)
+  if kernel_mask is not None:
+    kernel = kernel * jnp.asarray(kernel_mask, kernel.dtype)
   # per_tap[t, f] = sum_c kernel[t, c, f] * mean[group(f) * group_in + c]
   k = kernel.astype(dtype).reshape(taps, group_in, groups, features // groups)
   per_tap = jnp.einsum('tcgh,gc->tgh', k, mean.astype(dtype).reshape(groups, group_in),
-                       precision=layer.precision).reshape(taps, features)
-  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1])).reshape(-1, taps)
+                       precision=precision).reshape(taps, features)
+  mask = tap_mask_.reshape(-1, taps)
   positions = np.flatnonzero(np.any(mask != 1, axis=1))
   correction = jnp.tensordot((mask[positions] - 1).astype(dtype), per_tap, axes=1,
-                             precision=layer.precision)
+                             precision=precision)
   return per_tap.sum(0), positions, correction
 
 

@@ -1,4 +1,7 @@
-"""Function-preserving conversion between standard (SP) and GmP parameters.
+"""Function-preserving conversion between standard (SP) and GmP parameters of param trees.
+
+The conversion of one layer is the `gmp` method's (`geoparam.methods.gmp.from_dense`
+and `to_dense`); this module adds the activation check and the pytree walk.
 
 For a positively homogeneous activation (relu, leaky relu, identity) and
 `scale > 0`::
@@ -40,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from geoparam import gmp
+from geoparam.methods import gmp as gmp_method
 
 __all__ = ['dense_to_gmp', 'gmp_to_dense', 'sp_to_gmp', 'gmp_to_sp', 'HOMOGENEOUS']
 
@@ -84,11 +87,7 @@ def _check_activation(activation) -> str:
       f'knows, so SP <-> GmP conversion could change the function; accepted: {_ACCEPTED}.')
 
 
-def _columns(mask, limit=10) -> str:
-  """Indices where `mask` holds, at most `limit` of them, as text."""
-  bad = np.flatnonzero(mask).tolist()
-  more = f' (and {len(bad) - limit} more)' if len(bad) > limit else ''
-  return f'{bad[:limit]}{more}'
+_columns = gmp_method.columns
 
 
 def dense_to_gmp(kernel, bias=None, activation: str | None = 'relu') -> dict[str, jax.Array]:
@@ -120,65 +119,7 @@ def dense_to_gmp(kernel, bias=None, activation: str | None = 'relu') -> dict[str
     ValueError: kernel columns [0, 1] have norm |w| (e.g. 1.73e-39) below the smallest normal ...
   """
   _check_activation(activation)
-  kernel = jnp.asarray(kernel)
-  if kernel.ndim < 2:
-    raise ValueError(f'kernel must have shape (..., fan_in-part, features), got {kernel.shape}.')
-  if jnp.issubdtype(kernel.dtype, jnp.complexfloating):
-    raise ValueError(f'kernel must be real, got dtype {kernel.dtype}.')
-  if not jnp.issubdtype(kernel.dtype, jnp.floating):
-    kernel = kernel.astype(jnp.result_type(float))  # so that a float bias is not truncated
-  features = kernel.shape[-1]
-  w = kernel.reshape(-1, features)
-  dtype = w.dtype
-  finfo = jnp.finfo(dtype)
-  norms = np.linalg.norm(np.asarray(w, np.float64), axis=0)
-  if np.any(norms == 0) or not np.all(np.isfinite(norms)):
-    raise ValueError(
-        f'kernel columns {_columns((norms == 0) | ~np.isfinite(norms))} are zero or not finite: '
-        'a zero weight vector has no direction, so it has no GmP form.')
-  tiny = norms < float(finfo.tiny)
-  if np.any(tiny):
-    raise ValueError(
-        f'kernel columns {_columns(tiny)} have norm |w| (e.g. {norms[tiny][0]:.3g}) below the '
-        f'smallest normal {dtype} number (np.finfo({dtype}).tiny = {float(finfo.tiny):.4g}): '
-        f'scale = |w| underflows in {dtype} (XLA flushes subnormals to 0) and lam = b / |w| is '
-        'not finite. Rescale those units or convert in float64.')
-  huge = norms > float(finfo.max)
-  if np.any(huge):
-    raise ValueError(
-        f'kernel columns {_columns(huge)} have norm |w| (e.g. {norms[huge][0]:.3g}) above the '
-        f'largest {dtype} number ({float(finfo.max):.4g}): scale = |w| overflows in {dtype}.')
-  with np.errstate(over='ignore', invalid='ignore'):  # an overflowing cast is reported below
-    bias = jnp.zeros((features,), dtype) if bias is None else jnp.asarray(bias, dtype)
-  if bias.shape != (features,):
-    raise ValueError(f'bias must have shape ({features},), got {bias.shape}.')
-  bias_np = np.asarray(bias)
-  if not np.all(np.isfinite(bias_np)):
-    raise ValueError(
-        f'bias entries {_columns(~np.isfinite(bias_np))} are not finite in {dtype} (inf or NaN, '
-        f'or beyond np.finfo({dtype}).max = {float(finfo.max):.4g} once cast to it).')
-  out = gmp.gmp_from_dense(w, bias)
-  # Checked in the returned dtype: what the GmP model will compute with.
-  scale_np, lam_np = np.asarray(out['scale']), np.asarray(out['lam'])
-  bad_scale = ~(np.isfinite(scale_np) & (scale_np > 0))
-  if np.any(bad_scale):
-    raise ValueError(
-        f'kernel columns {_columns(bad_scale)}: scale = |w| is {scale_np[bad_scale][:3].tolist()} '
-        f'in {dtype}, not a finite number > 0 (|w| near np.finfo({dtype}).tiny = '
-        f'{float(finfo.tiny):.4g} or max = {float(finfo.max):.4g}).')
-  bad_lam = ~np.isfinite(lam_np)
-  if np.any(bad_lam):
-    raise ValueError(
-        f'columns {_columns(bad_lam)}: lam = b / |w| overflows {dtype} (b = '
-        f'{[f"{x:.3g}" for x in bias_np[bad_lam][:3]]}, |w| = '
-        f'{[f"{x:.3g}" for x in norms[bad_lam][:3]]}; '
-        f'np.finfo({dtype}).max = {float(finfo.max):.4g}). Rescale those units or convert in '
-        'float64.')
-  if not np.all(np.isfinite(np.asarray(out['theta']))):
-    raise ValueError(
-        f'kernel columns {_columns(~np.all(np.isfinite(np.asarray(out["theta"])), axis=0))}: '
-        'the angles are not finite.')
-  return out
+  return gmp_method.from_dense(kernel, bias)
 
 
 def gmp_to_dense(params: Mapping[str, Any], kernel_shape=None,
@@ -194,44 +135,13 @@ def gmp_to_dense(params: Mapping[str, Any], kernel_shape=None,
       unit can do); for linear any finite scale works.
   """
   activation = _check_activation(activation)
-  if not isinstance(params, Mapping):
-    raise TypeError(
-        f"params must be a dict of one GmP layer's entries (theta, lam, scale), got "
-        f'{type(params).__name__}.')
-  missing = {'theta', 'lam', 'scale'} - set(params)
-  if missing:
-    raise ValueError(f'params lack GmP entries {sorted(missing)}; got keys {sorted(params)}.')
-  theta = jnp.asarray(params['theta'])
-  if theta.ndim != 2:
-    raise ValueError(f'theta must have shape (fan_in - 1, features), got {theta.shape}.')
-  features = theta.shape[1]
-  entries = {k: np.asarray(params[k]) for k in ('lam', 'scale', 'sign')
-             if params.get(k) is not None}
-  for name, value in entries.items():
-    if value.shape != (features,):
-      raise ValueError(
-          f'{name} must have shape ({features},) to match theta of shape {theta.shape} (one '
-          f'entry per feature), got shape {value.shape}.')
-  for name, value in [('theta', np.asarray(theta))] + list(entries.items()):
-    if not np.all(np.isfinite(value)):
-      raise ValueError(
-          f'{name} has entries that are not finite (units '
-          f'{_columns(~np.isfinite(value).reshape(-1, features).all(axis=0))}).')
-  scale = jnp.asarray(params['scale'])
-  if activation != 'linear' and np.any(np.asarray(scale) <= 0):
-    bad = np.flatnonzero(np.asarray(scale) <= 0)
+  kernel, bias = gmp_method.to_dense(params, kernel_shape)
+  scale = np.asarray(params['scale'])
+  if activation != 'linear' and np.any(scale <= 0):
     raise ValueError(
-        f'units {bad.tolist()[:10]} have scale <= 0: with activation={activation!r} they have '
-        'no SP equivalent (only scale > 0 is function preserving).')
-  kernel = scale * gmp.gmp_kernel(theta, params.get('sign'))
-  bias = scale * jnp.asarray(params['lam'])
-  if kernel_shape is not None:
-    kernel_shape = tuple(kernel_shape)
-    if int(np.prod(kernel_shape)) != kernel.size or kernel_shape[-1] != kernel.shape[-1]:
-      raise ValueError(
-          f'kernel_shape {kernel_shape} does not hold a ({kernel.shape[0]}, {kernel.shape[1]}) '
-          'kernel.')
-    kernel = kernel.reshape(kernel_shape)
+        f'units {np.flatnonzero(scale <= 0).tolist()[:10]} have scale <= 0: with '
+        f'activation={activation!r} they have no SP equivalent (only scale > 0 is function '
+        'preserving).')
   return kernel, bias
 
 

@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from geoparam import methods
 from geoparam import wrappers
-from geoparam.wrappers import kernel_from_v
-from geoparam.wrappers import v_from_kernel
+from geoparam.methods.lcw import kernel_from_v
+from geoparam.methods.lcw import v_from_kernel
 
 __all__ = ['LCWDense', 'LCWConv', 'kernel_from_v', 'v_from_kernel']
 
@@ -68,7 +69,7 @@ class LCWDense(nn.Module):
     dense = nn.Dense(self.features, use_bias=self.use_bias, dtype=self.dtype,
                      param_dtype=self.param_dtype, precision=self.precision,
                      kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.lcw_call(self, self, dense, inputs)
+    return wrappers.call(self, methods.get('lcw'), dense, inputs)
 
 
 class LCWConv(nn.Module):
@@ -131,4 +132,4 @@ class LCWConv(nn.Module):
                     feature_group_count=self.feature_group_count, use_bias=self.use_bias,
                     dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
                     kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.lcw_call(self, self, layer, inputs)
+    return wrappers.call(self, methods.get('lcw'), layer, inputs)

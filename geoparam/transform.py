@@ -46,38 +46,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from geoparam import convert
+from geoparam import methods
 from geoparam import wrappers
 
-__all__ = ['METHODS', 'Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake',
+__all__ = ['Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake',
            'bn_affine', 'convert_layer', 'plain_layer']
 
-# Method name -> (wrapper class, its preset fields). One row per method.
-METHODS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
-  'gmp': (wrappers.GmP, {}),
-  'gmp_imn': (wrappers.GmP, {'input_mean_norm': True}),
-  'lcw': (wrappers.LCW, {}),
-  'cwn': (wrappers.CWN, {}),
-  'wn': (wrappers.WN, {}),
-}
-
 Where = Callable[[nn.Module, tuple[str, ...]], bool]
-
-
-def _check_method(method):
-  if method not in METHODS:
-    raise ValueError(f'method must be one of {tuple(METHODS)}, got {method!r}.')
-
-
-def _config(method, options):
-  """The unbound wrapper whose fields configure the method (it is never bound or called)."""
-  cls, preset = METHODS[method]
-  names = {f.name for f in dataclasses.fields(cls)} - {'layer', 'parent', 'name'}
-  unknown = sorted(set(options) - names)
-  if unknown:
-    raise TypeError(f'method {method!r} takes the options {sorted(names)}; got unknown '
-                    f'{unknown}.')
-  return cls(layer=None, parent=None, **{**preset, **options})
 
 
 def _inputs(args, kwargs):
@@ -92,17 +67,17 @@ class Reparameterized(nn.Module):
 
   Attributes:
     module: the user's model (unchanged).
-    method: one of `METHODS`.
+    method: a name in `geoparam.methods.REGISTRY` or a `geoparam.methods.Method`.
     where: `where(layer, path) -> bool` selects layers (default: all of
       `wrappers.LAYER_TYPES`); `path` is relative to `module`.
     exclude: layer names or '/'-joined paths kept plain (e.g. `['head']`).
     drop_batchnorm: replace the selected `nn.BatchNorm` layers by the identity.
     use_running_average: IMN's switch (None: by `batch_stats` mutability).
-    options: fields of the method's wrapper (`momentum`, `initialization`, ...).
+    options: the method's options (`momentum`, `initialization`, ...).
   """
 
   module: nn.Module
-  method: str
+  method: str | methods.Method
   where: Where | None = None
   exclude: tuple[str, ...] = ()
   drop_batchnorm: bool = False
@@ -110,8 +85,11 @@ class Reparameterized(nn.Module):
   options: Mapping[str, Any] = flax.core.FrozenDict()
 
   def setup(self):
-    _check_method(self.method)
     nn.share_scope(self, self.module)
+
+  def get_method(self) -> methods.Method:
+    """The method, built with `options`."""
+    return methods.get(self.method, **self.options)
 
   def __call__(self, *args, **kwargs):
     """Runs `module(*args, **kwargs)` with the selected layers reparameterized."""
@@ -119,7 +97,7 @@ class Reparameterized(nn.Module):
 
   def call(self, method_name: str, *args, **kwargs):
     """Runs `getattr(module, method_name)(*args, **kwargs)` reparameterized."""
-    cfg = _config(self.method, dict(self.options))
+    method = self.get_method()
     prefix = len(self.path)
 
     # A plain function: flax routes every Module method, private ones too, through the
@@ -136,8 +114,7 @@ class Reparameterized(nn.Module):
         use_running_average = self.use_running_average
         if use_running_average is None:
           use_running_average = not layer.is_mutable_collection('batch_stats')
-        return wrappers.CALLS[type(cfg)](layer, cfg, layer, _inputs(args, kwargs),
-                                         use_running_average)
+        return wrappers.call(layer, method, layer, _inputs(args, kwargs), use_running_average)
       return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(intercept):
@@ -151,27 +128,27 @@ def selected(rp: Reparameterized, layer: nn.Module, path: tuple[str, ...]) -> bo
   return rp.where is None or bool(rp.where(layer, path))
 
 
-def reparameterize(model: nn.Module, method: str, *, where: Where | None = None,
+def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Where | None = None,
                    exclude: Iterable[str] = (), drop_batchnorm: bool = False,
                    use_running_average: bool | None = None, **options) -> Reparameterized:
   """`model` with its Dense/Conv/DenseGeneral layers in `method` (`'gmp'`, `'gmp_imn'`, ...).
 
   Args:
     model: any linen module; its source is not edited.
-    method: one of `METHODS`.
+    method: a name in `geoparam.methods.REGISTRY` (`'gmp'`, `'gmp_imn'`, `'lcw'`,
+      `'cwn'`, `'wn'`, or any registered one) or a `geoparam.methods.Method`.
     where: optional `where(layer, path) -> bool` over the layer instance and its
       path of names relative to `model`.
     exclude: layer names (or '/'-joined paths) kept plain, e.g. the output layer.
     drop_batchnorm: make the model's BatchNorm layers (those `where`/`exclude`
       select) the identity, as the paper's GmP+IMN ResNet-50 does.
     use_running_average: IMN's switch; None decides by `batch_stats` mutability.
-    **options: fields of the method's wrapper, e.g. `momentum=0.9`,
-      `initialization='layer'`, `epsilon=1e-6`.
+    **options: the method's options (its factory's arguments), e.g.
+      `momentum=0.9`, `initialization='layer'`, `epsilon=1e-6`.
   """
-  _check_method(method)
   if isinstance(exclude, str):
     exclude = (exclude,)
-  _config(method, options)  # unknown options fail here, not at the first call
+  methods.get(method, **options)  # unknown methods and options fail here, not at the first call
   return Reparameterized(model, method, where=where, exclude=tuple(exclude),
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
                          options=flax.core.FrozenDict(options))
@@ -325,36 +302,6 @@ def _mean_dot(layer, mean, kernel):
   return mean @ kernel.reshape(-1, features)
 
 
-def _to_stored(method, cfg, layer, kernel, bias, mean, path, dtype):
-  """Stored variables `{name: array}` of `method` standing for `(kernel, bias)` (float64 in)."""
-  features = kernel.shape[-1]
-  w = kernel.reshape(-1, features)
-  where = f'layer {_name(path)}'
-  if method in ('gmp', 'gmp_imn'):
-    if mean is not None:  # u^T (x - m) + lam' == (w^T x + b) / |w| with lam' = (b + w^T m) / |w|
-      bias = bias + _mean_dot(layer, mean, kernel)
-    try:
-      # Converted in the params' dtype, so its checks (tiny columns, overflow) are that dtype's.
-      return dict(convert.dense_to_gmp(jnp.asarray(w, dtype), jnp.asarray(bias, dtype),
-                                       activation='linear'))
-    except ValueError as e:
-      raise ValueError(f'{where}: {e}') from None
-  if method in ('lcw', 'cwn'):
-    sums = np.abs(w.sum(0))
-    if np.any(sums > 1e-6 * np.linalg.norm(w, axis=0) * math.sqrt(w.shape[0]) + 1e-30):
-      raise ValueError(
-          f'{where}: {method.upper()} constrains every unit\'s weights to sum to zero, but units '
-          f'{np.flatnonzero(sums > 1e-6 * np.linalg.norm(w, axis=0)).tolist()[:10]} do not '
-          f'(max |sum| {sums.max():.3g}): no {method.upper()} weights give the same function. '
-          'Convert a model trained with zero-sum kernels, or train the reparameterized model.')
-    if method == 'lcw':
-      return {'v': np.asarray(wrappers.v_from_kernel(jnp.asarray(w))), 'bias': bias}
-    return {'kernel': kernel, 'scale': np.linalg.norm(w, axis=0), 'bias': bias}
-  # wn: scale * k / sqrt(|k|^2 + eps) with k = w, scale = sqrt(|w|^2 + eps)
-  norm2 = np.sum(w * w, axis=0)
-  return {'kernel': kernel, 'scale': np.sqrt(norm2 + cfg.epsilon), 'bias': bias}
-
-
 def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   """Variables of `rp` (from `reparameterize`) with the same function as the plain `variables`.
 
@@ -373,8 +320,7 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   absorbs it, for dense layers and convs that pad no zeros; zero-padded convs
   start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders).
   """
-  _check_method(rp.method)
-  cfg = _config(rp.method, dict(rp.options))
+  method = rp.get_method()
   layers, norms = _record(rp, variables, args, kwargs, abstract=False)
   new = _unfrozen(variables)
   new.setdefault('params', {})
@@ -386,7 +332,7 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
         _pop(new[col], bn_path)
   for path, call in layers.items():
     sp = _get(variables['params'], path)
-    stored, mean = convert_layer(rp.method, cfg, call.layer, meta.unbox(sp['kernel']),
+    stored, mean = convert_layer(method, call.layer, meta.unbox(sp['kernel']),
                                  meta.unbox(sp['bias']) if 'bias' in sp else None, call.inputs,
                                  path, folds.get(path))
     _put(new['params'], path, stored)
@@ -395,11 +341,12 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   return new
 
 
-def convert_layer(method: str, cfg, layer: nn.Module, kernel, bias, inputs, path=(), fold=None):
+def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs, path=(),
+                  fold=None):
   """One trained layer's `(kernel, bias)` as `method`'s variables, exactly (float64 inside).
 
   Args:
-    method: one of `METHODS`; `cfg` its unbound wrapper (options).
+    method: a `geoparam.methods.Method` (or a registry name).
     layer: the linen layer (its fields), `kernel` and `bias` (None: no bias) its params.
     inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
     path: for error messages.
@@ -409,6 +356,7 @@ def convert_layer(method: str, cfg, layer: nn.Module, kernel, bias, inputs, path
     `(stored, mean)`: the params `{name: array}` in the kernel's dtype, and IMN's
     running mean `(fan_in_part,)` (None without IMN).
   """
+  method = methods.get(method)
   dtype = jnp.asarray(kernel).dtype
   kernel = np.asarray(kernel, np.float64)
   features = kernel.shape[-1]
@@ -416,15 +364,15 @@ def convert_layer(method: str, cfg, layer: nn.Module, kernel, bias, inputs, path
   if fold is not None:
     s, t = fold
     kernel, bias = kernel * s, bias * s + t
-  imn = METHODS[method][1].get('input_mean_norm', False)
+  imn = method.imn is not None
   mean = _flat_mean(layer, inputs) if imn and _padding_free(layer) else None
-  stored = _to_stored(method, cfg, layer, kernel, bias, mean, path, dtype)
+  if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
+    bias = bias + _mean_dot(layer, mean, kernel)
+  try:
+    stored = method.convert(kernel, bias, dtype, getattr(layer, 'use_bias', True))
+  except ValueError as e:
+    raise ValueError(f'layer {_name(path)}: {e}') from None
   stored = {k: jnp.asarray(v, dtype) for k, v in stored.items()}
-  if 'bias' in stored and not getattr(layer, 'use_bias', True):  # LCW, CWN, WN
-    if np.any(stored['bias'] != 0):
-      raise ValueError(f'layer {_name(path)} has use_bias=False, but the folded BatchNorm '
-                       'needs a bias: set use_bias=True in the model.')
-    del stored['bias']
   if not imn:
     return stored, None
   width = math.prod(jnp.shape(inputs)[a] for a in wrappers.contract_axes(layer, jnp.ndim(inputs)))
@@ -432,31 +380,23 @@ def convert_layer(method: str, cfg, layer: nn.Module, kernel, bias, inputs, path
   return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
 
 
-def plain_layer(method, cfg, layer, stored, kernel_shape, mean, path=(), approximate_borders=False):
+def plain_layer(method, layer, stored, kernel_shape, mean, path=(), approximate_borders=False):
   """`(kernel, bias)` numpy float64 of the plain layer from `method`'s stored variables.
 
   `mean`: IMN's running mean (None without IMN); see `bake` for `approximate_borders`.
   """
-  f64 = lambda name: np.asarray(meta.unbox(stored[name]), np.float64)
-  features = kernel_shape[-1]
-  if method in ('gmp', 'gmp_imn'):
-    kernel, bias = convert.gmp_to_dense({k: meta.unbox(v) for k, v in stored.items()},
-                                        activation='linear')
-    kernel = np.asarray(kernel, np.float64).reshape(kernel_shape)
-    bias = np.asarray(bias, np.float64)
-    if mean is not None and np.any(mean != 0):
-      if not _padding_free(layer) and not approximate_borders:
-        raise ValueError(
-            f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
-            'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
-            'approximate_borders=True to fold the mean anyway.')
-      bias = bias - _mean_dot(layer, mean, kernel)
-    return kernel, bias
-  bias = f64('bias') if 'bias' in stored else np.zeros(features)
-  if method == 'lcw':
-    return np.asarray(wrappers.kernel_from_v(jnp.asarray(f64('v')), kernel_shape)), bias
-  formula = wrappers.centered_weight_norm if method == 'cwn' else wrappers.weight_norm
-  return np.asarray(formula(f64('kernel'), f64('scale'), cfg.epsilon)), bias
+  method = methods.get(method)
+  kernel, bias = method.bake({k: meta.unbox(v) for k, v in stored.items()}, tuple(kernel_shape))
+  kernel = np.asarray(kernel, np.float64).reshape(kernel_shape)
+  bias = np.zeros(kernel_shape[-1]) if bias is None else np.asarray(bias, np.float64)
+  if mean is not None and np.any(mean != 0):
+    if not _padding_free(layer) and not approximate_borders:
+      raise ValueError(
+          f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
+          'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
+          'approximate_borders=True to fold the mean anyway.')
+    bias = bias - _mean_dot(layer, mean, kernel)
+  return kernel, bias
 
 
 def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = False, **kwargs):
@@ -468,8 +408,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   into the bias; for zero-padded convs that is exact only away from the
   borders, so it raises unless `approximate_borders=True`.
   """
-  _check_method(rp.method)
-  cfg = _config(rp.method, dict(rp.options))
+  method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   shapes = jax.eval_shape(lambda: meta.unbox(rp.module.init(jax.random.key(0), *args, **kwargs)))
   dropped = _dropped(rp, layers, norms)
@@ -480,12 +419,12 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     stored = _get(variables['params'], path)
     kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)
     mean = None
-    if METHODS[rp.method][1].get('input_mean_norm'):
+    if method.imn is not None:
       mean = np.asarray(_get(variables['batch_stats'], path)['input_mean_norm']['mean'],
                         np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
-    kernel, bias = plain_layer(rp.method, cfg, layer, stored, kernel_shape, mean, path,
-                                approximate_borders)
+    kernel, bias = plain_layer(method, layer, stored, kernel_shape, mean, path,
+                               approximate_borders)
     dtype = _get(shapes['params'], path)['kernel'].dtype
     plain = {'kernel': jnp.asarray(kernel, dtype)}
     if getattr(layer, 'use_bias', True):

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from geoparam import conv
 from geoparam.baselines import CWNConv, CWNDense
 from geoparam.linear_constrained import LCWConv, LCWDense
 
@@ -79,8 +80,8 @@ def _intercepting_apply(model, variables, inputs, types, on_output, method, appl
 
   def interceptor(next_fun, args, kwargs, context):
     module = context.module
-    if (context.method_name != '__call__' or depth[0] > 0
-        or _layer_type(module, types) is None):
+    if (context.method_name != '__call__' or depth[0] > 0 or conv.bypassed()
+        or _layer_type(module, types) is None):  # bypassed: a layer's own inner nn.Dense
       return next_fun(*args, **kwargs)
     depth[0] += 1  # layers built inside a layer (LCWConv's nn.Conv) are not separate layers
     try:

@@ -26,12 +26,12 @@ tfds.data_source, tfds.testing.mock_data  # pylint: disable=pointless-statement
 @pytest.fixture(params=['fold', 'subtract'])
 def imn_path(request, monkeypatch):
   """Runs the test with IMN folded into the bias and with IMN subtracted from the inputs
-  everywhere (`geoparam.gmp.imn_subtracts` picks one per layer by size; both must be exact)."""
-  import geoparam
+  everywhere (`geoparam.methods.run.imn_subtracts` picks one per layer by size; both must be
+  exact)."""
+  from geoparam.methods import run
 
   subtract = request.param == 'subtract'
-  for module in (geoparam.gmp, geoparam.wrappers):
-    monkeypatch.setattr(module, 'imn_subtracts', lambda *shapes: subtract)
+  monkeypatch.setattr(run, 'imn_subtracts', lambda *shapes: subtract)
   return request.param
 
 

@@ -1,0 +1,89 @@
+"""Parameterizations as records of pure functions, and the one registry of their names.
+
+A method (`Method`, `geoparam.methods.base`) says everything any consumer needs:
+the variables it stores for a kernel shape, the `(kernel, bias)` they stand for,
+exact conversion of a plain `(kernel, bias)` and back. The linen wrapper
+(`geoparam.Reparam`), the paper-form layers, the NNX modules, both whole-model
+transforms and the studies read it. IMN composes with any method (`with_imn`).
+
+    >>> from geoparam import methods
+    >>> sorted(methods.REGISTRY)
+    ['cwn', 'gmp', 'gmp_imn', 'lcw', 'wn']
+    >>> m = methods.get('gmp_imn', momentum=0.9)
+    >>> m.name, m.imn.momentum
+    ('gmp_imn', 0.9)
+
+A new method is a factory returning a `Method` and one `register` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import inspect
+
+from geoparam.methods import base
+from geoparam.methods import cwn as _cwn
+from geoparam.methods import gmp as _gmp
+from geoparam.methods import lcw as _lcw
+from geoparam.methods import wn as _wn
+from geoparam.methods.base import IMN
+from geoparam.methods.base import Layer
+from geoparam.methods.base import Method
+from geoparam.methods.base import Param
+from geoparam.methods.base import init
+from geoparam.methods.base import with_imn
+
+__all__ = ['Method', 'Param', 'Layer', 'IMN', 'REGISTRY', 'register', 'get', 'options_of',
+           'with_imn', 'init', 'base']
+
+# Method name -> factory(**options) -> Method. The one list of method names.
+REGISTRY: dict[str, Callable[..., Method]] = {}
+
+
+def register(name: str, factory: Callable[..., Method]) -> None:
+  """Makes `factory(**options) -> Method` available as `name` to every consumer."""
+  if not isinstance(name, str) or not name:
+    raise ValueError(f'a method name must be a non-empty string, got {name!r}.')
+  if not callable(factory):
+    raise TypeError(f'factory must be callable, got {factory!r}.')
+  REGISTRY[name] = factory
+
+
+def options_of(factory: Callable[..., Method]) -> list[str]:
+  """The option names a factory takes (its keyword parameters, those of `gmp` for `gmp_imn`)."""
+  names = []
+  for p in inspect.signature(factory).parameters.values():
+    if p.kind == p.VAR_KEYWORD and factory is _gmp.gmp_imn:
+      names += options_of(_gmp.gmp)
+    elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+      names.append(p.name)
+  return sorted(names)
+
+
+def get(method: str | Method, **options) -> Method:
+  """The `Method` for a registry name (built with `options`), or `method` itself.
+
+  Raises ValueError for an unknown name (listing the registered ones) and
+  TypeError for options the method does not take.
+  """
+  if isinstance(method, Method):
+    if options:
+      raise TypeError(f'options {sorted(options)} are given with a built Method '
+                      f'({method.name!r}): build it with them instead.')
+    return method
+  if method not in REGISTRY:
+    raise ValueError(f'method must be one of {tuple(REGISTRY)} or a geoparam.methods.Method, '
+                     f'got {method!r}.')
+  factory = REGISTRY[method]
+  accepted = options_of(factory)
+  unknown = sorted(set(options) - set(accepted))
+  if unknown:
+    raise TypeError(f'method {method!r} takes the options {accepted}; got unknown {unknown}.')
+  return factory(**options)
+
+
+register('gmp', _gmp.gmp)
+register('gmp_imn', _gmp.gmp_imn)
+register('lcw', _lcw.lcw)
+register('cwn', _cwn.cwn)
+register('wn', _wn.wn)

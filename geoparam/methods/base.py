@@ -1,0 +1,151 @@
+"""The record every parameterization is: pure functions between stored variables and a layer's
+`(kernel, bias)`, in optax's style (a `GradientTransformation` is a NamedTuple of pure functions).
+
+A layer's kernel has the output features on its last axis and the fan-in on all
+others (`nn.Dense`'s `(fan_in, F)`, `nn.Conv`'s `(*window, in // groups, F)`,
+`nn.DenseGeneral`'s `(*contracted, F)`). A method stores its own variables and
+stands for the kernel and bias they build; the layer then runs unchanged.
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from geoparam import methods
+    >>> wn = methods.get('wn')
+    >>> params = methods.init(wn, jax.random.key(0), (3, 4))
+    >>> jax.tree.map(jnp.shape, params)
+    {'bias': (4,), 'kernel': (3, 4), 'scale': (4,)}
+    >>> kernel, bias = wn.apply(params, (3, 4))
+    >>> np.linalg.norm(kernel, axis=0).round(4).tolist()
+    [1.0, 1.0, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+__all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
+           'check_zero_sum', 'check_bias_free']
+
+Shape = tuple[int, ...]
+Initializer = Callable[..., jax.Array]
+Params = Mapping[str, jax.Array]
+
+
+class Param(NamedTuple):
+  """One stored variable: its shape and its initializer `init(key, shape, dtype) -> array`."""
+  shape: Shape
+  init: Initializer
+
+
+class Layer(NamedTuple):
+  """What a method may read of the wrapped layer when it creates its variables.
+
+  `kernel_init`, `bias_init`: the layer's own initializers (they may return
+  `nn.Partitioned` boxes: methods unbox what they transform); `use_bias`: whether
+  the layer has a bias.
+  """
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  bias_init: Initializer = nn.initializers.zeros
+  use_bias: bool = True
+
+
+class IMN(NamedTuple):
+  """Input mean normalization: the layer's input is centred, `layer(x - E[x])` (paper 002 eq. 16).
+
+  `momentum`: running-mean decay; `axis_name`: a named axis to average the batch
+  mean over (shard_map/pmap), as `nn.BatchNorm`.
+  """
+  momentum: float = 0.99
+  axis_name: str | None = None
+
+
+class Method(NamedTuple):
+  """A parameterization of a layer's `(kernel, bias)`: pure functions, no state.
+
+  Attributes:
+    name: the registry's name (`'gmp'`, `'gmp_imn'`, `'lcw'`, ...).
+    params: `params(kernel_shape, layer, new_key) -> {name: Param}`, the stored
+      variables in creation order. `layer` is a `Layer`; `new_key()` gives the
+      key of a joint draw for methods whose variables all come from one (the same
+      key on every call; call it only inside the initializers).
+    apply: `apply(params, kernel_shape) -> (kernel, bias)`: the kernel (in
+      `kernel_shape`) and bias `(F,)` (or None) the layer computes with; float32
+      at least where the map needs it (callers cast to the params' dtype).
+    convert: `convert(kernel, bias, dtype, use_bias) -> params`: the stored
+      variables standing exactly for a plain `kernel` (float64 numpy, kernel
+      shape) and `bias` `(F,)` (float64, zeros when the layer has none), in
+      `dtype`; raises ValueError where no exact form exists.
+    bake: `bake(params, kernel_shape) -> (kernel, bias)`, float64 numpy, the
+      inverse of `convert` (bias None when the method stores none).
+    min_fan_in: the smallest fan-in the method supports; `fan_in_reason` says why.
+    imn: `IMN(...)` when the layer's input is mean-normalized (see `with_imn`).
+  """
+  name: str
+  params: Callable[[Shape, Layer, Callable[[], jax.Array]], dict[str, Param]]
+  apply: Callable[[Params, Shape], tuple[jax.Array, jax.Array | None]]
+  convert: Callable[[np.ndarray, np.ndarray, Any, bool], dict[str, jax.Array]]
+  bake: Callable[[Params, Shape], tuple[np.ndarray, np.ndarray | None]]
+  min_fan_in: int = 1
+  fan_in_reason: str = ''
+  imn: IMN | None = None
+
+
+def with_imn(method: Method, momentum: float = 0.99, axis_name: str | None = None) -> Method:
+  """`method` with input mean normalization: GmP+IMN is `with_imn(gmp())`.
+
+    >>> from geoparam import methods
+    >>> methods.with_imn(methods.get('gmp')).imn
+    IMN(momentum=0.99, axis_name=None)
+  """
+  if not 0.0 <= momentum <= 1.0:
+    raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+  return method._replace(imn=IMN(momentum, axis_name))
+
+
+def fan_in(kernel_shape: Shape) -> int:
+  """Every axis but the last: `prod(kernel_shape[:-1])`."""
+  return math.prod(kernel_shape[:-1])
+
+
+def check_fan_in(method: Method, kernel_shape: Shape, where: str) -> None:
+  """Raises a ValueError naming `where` when the kernel's fan-in is below the method's minimum."""
+  n = fan_in(kernel_shape)
+  if n < method.min_fan_in:
+    why = f': {method.fan_in_reason}' if method.fan_in_reason else ''
+    raise ValueError(f'{where}: needs a fan-in of at least {method.min_fan_in}, got {n} '
+                     f'(kernel {tuple(kernel_shape)}){why}.')
+
+
+def init(method: Method, key: jax.Array, kernel_shape: Shape, layer: Layer = Layer(),
+         dtype=np.float32) -> dict[str, jax.Array]:
+  """The method's stored variables for a kernel of `kernel_shape`, from one key (unboxed).
+
+  Each variable gets its own key (`fold_in` of its position), a joint draw one more.
+  """
+  kernel_shape = tuple(kernel_shape)
+  specs = method.params(kernel_shape, layer, lambda: jax.random.fold_in(key, 1 << 20))
+  return {name: nn.meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, dtype))
+          for i, (name, p) in enumerate(specs.items())}
+
+
+def check_zero_sum(name: str, w: np.ndarray) -> None:
+  """LCW and CWN: raises unless every unit (column of `w (fan_in, F)`) sums to zero."""
+  sums = np.abs(w.sum(0))
+  norms = np.linalg.norm(w, axis=0)
+  if np.any(sums > 1e-6 * norms * math.sqrt(w.shape[0]) + 1e-30):
+    raise ValueError(
+        f'{name} constrains every unit\'s weights to sum to zero, but units '
+        f'{np.flatnonzero(sums > 1e-6 * norms).tolist()[:10]} do not '
+        f'(max |sum| {sums.max():.3g}): no {name} weights give the same function. '
+        'Convert a model trained with zero-sum kernels, or train the reparameterized model.')
+
+
+def check_bias_free(bias: np.ndarray) -> None:
+  """A layer without a bias: raises unless `bias` (e.g. of a folded BatchNorm) is zero."""
+  if np.any(bias != 0):
+    raise ValueError('has use_bias=False, but the folded BatchNorm needs a bias: set '
+                     'use_bias=True in the model.')

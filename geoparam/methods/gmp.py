@@ -1,0 +1,277 @@
+"""GmP, geometric parameterization (paper 002 eq. 15): `kernel = scale * u(theta)`, `bias = scale * lam`.
+
+Stored: `theta (fan_in - 1, F)`, `lam (F,)`, `scale (F,)`, and at fan-in 1 a
+fixed `sign (F,)` (the direction of one input is a sign: it gets no gradient and
+only its sign is used, so weight decay cannot flip it). `u(theta)` is the unit
+vector of eq. (10), evaluated in float32 at least (bf16 angles evaluated in bf16
+give column norms ~1.6 at fan-in 4608).
+
+With the model's activation after the layer, the unit computes
+`act(scale * (u^T x + lam))`: the paper's `scale * relu(u^T x + lam)` for relu
+and `scale > 0`, and for any activation an exact reparameterization of
+`(kernel, bias)`. The paper-form layers (`geoparam.GmPDense`) put the scale
+outside the activation with `unit`.
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from geoparam import methods
+    >>> gmp = methods.get('gmp')
+    >>> params = gmp.convert(np.array([[3.0], [4.0]]), np.array([1.0]), np.float32, True)
+    >>> {k: v.tolist() for k, v in params.items()}  # |w| = 5, lam = b / |w|
+    {'theta': [[0.9272952675819397]], 'lam': [0.20000000298023224], 'scale': [5.0]}
+    >>> [a.round(5).tolist() for a in gmp.bake(params, (2, 1))]
+    [[[3.0], [4.0]], [1.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+from flax.core import meta
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+from geoparam import hyperspherical
+from geoparam import initializers
+from geoparam.methods import base
+
+__all__ = ['gmp', 'gmp_imn', 'INITIALIZATIONS', 'unit', 'gmp_kernel', 'from_dense_traced',
+           'from_dense', 'to_dense', 'columns']
+
+INITIALIZATIONS = ('paper', 'layer')
+
+# The single-neuron map over neurons: theta (n - 1, m) -> u (n, m). The batched form
+# runs the same custom-VJP code on all columns at once and is tested equal to
+# `jax.vmap(hyperspherical.to_cartesian, in_axes=1, out_axes=1)`.
+directions = hyperspherical.to_cartesian_batched
+
+
+def gmp_kernel(theta: jax.Array, sign: jax.Array | None = None) -> jax.Array:
+  """Unit-norm kernel `(fan_in, features)` from angles `(fan_in - 1, features)`.
+
+  The map runs in float32 at least; the result has that dtype, callers cast after.
+  For fan-in 1 (`theta` of shape `(0, features)`) the column is `sign(sign)`.
+
+    >>> import jax.numpy as jnp, geoparam
+    >>> u = geoparam.gmp_kernel(jnp.zeros((2, 3), jnp.bfloat16))
+    >>> u.shape, u.dtype
+    ((3, 3), dtype('float32'))
+  """
+  theta = jnp.asarray(theta)
+  if theta.ndim != 2:
+    raise ValueError(f'theta must have shape (fan_in - 1, features), got {theta.shape}.')
+  if jnp.issubdtype(theta.dtype, jnp.floating):
+    theta = theta.astype(jnp.promote_types(theta.dtype, jnp.float32))
+  u = directions(theta)
+  if theta.shape[0] == 0:
+    if sign is None:
+      raise ValueError('a fan-in-1 GmP unit needs its fixed `sign` parameter.')
+    u = u * jnp.sign(lax.stop_gradient(sign)).astype(u.dtype)[None, :]
+  return u
+
+
+def unit(params: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`(u (fan_in, F), lam (F,), scale (F,))` in float32 at least: the unit before its scale."""
+  u = gmp_kernel(params['theta'], params.get('sign'))
+  return u, params['lam'].astype(u.dtype), params['scale'].astype(u.dtype)
+
+
+def _apply(params, kernel_shape):
+  u, lam, scale = unit(params)
+  return (u * scale).reshape(kernel_shape), scale * lam
+
+
+def from_dense_traced(kernel: jax.Array, bias: jax.Array) -> dict[str, jax.Array]:
+  """`theta`, `lam`, `scale` (+ `sign` at fan-in 1) with `scale * u = kernel`, `scale * lam = bias`.
+
+  Traceable (no checks on values): `kernel (fan_in, F)` with nonzero columns,
+  `bias (F,)`. `from_dense` is the checked version.
+  """
+  if kernel.shape[0] == 1:
+    scale = jnp.abs(kernel[0])
+    return {'theta': jnp.zeros((0, kernel.shape[1]), kernel.dtype), 'lam': bias / scale,
+            'scale': scale, 'sign': jnp.sign(kernel[0])}
+  theta, scale = jax.vmap(hyperspherical.from_cartesian, in_axes=1, out_axes=(1, 0))(kernel)
+  return {'theta': theta, 'lam': bias / scale, 'scale': scale}
+
+
+def columns(mask, limit=10) -> str:
+  """Indices where `mask` holds, at most `limit` of them, as text."""
+  bad = np.flatnonzero(mask).tolist()
+  more = f' (and {len(bad) - limit} more)' if len(bad) > limit else ''
+  return f'{bad[:limit]}{more}'
+
+
+def from_dense(kernel, bias=None) -> dict[str, jax.Array]:
+  """GmP variables of a plain `kernel (..., F)` and `bias (F,)` (None: zeros), checked.
+
+  In the kernel's dtype (the default float dtype for integer kernels); every
+  `scale` is > 0 and every entry finite in that dtype, or this raises ValueError
+  naming the columns (zero, non-finite, tiny or huge columns; overflowing `lam`).
+  """
+  kernel = jnp.asarray(kernel)
+  if kernel.ndim < 2:
+    raise ValueError(f'kernel must have shape (..., fan_in-part, features), got {kernel.shape}.')
+  if jnp.issubdtype(kernel.dtype, jnp.complexfloating):
+    raise ValueError(f'kernel must be real, got dtype {kernel.dtype}.')
+  if not jnp.issubdtype(kernel.dtype, jnp.floating):
+    kernel = kernel.astype(jnp.result_type(float))  # so that a float bias is not truncated
+  features = kernel.shape[-1]
+  w = kernel.reshape(-1, features)
+  dtype = w.dtype
+  finfo = jnp.finfo(dtype)
+  norms = np.linalg.norm(np.asarray(w, np.float64), axis=0)
+  if np.any(norms == 0) or not np.all(np.isfinite(norms)):
+    raise ValueError(
+        f'kernel columns {columns((norms == 0) | ~np.isfinite(norms))} are zero or not finite: '
+        'a zero weight vector has no direction, so it has no GmP form.')
+  tiny = norms < float(finfo.tiny)
+  if np.any(tiny):
+    raise ValueError(
+        f'kernel columns {columns(tiny)} have norm |w| (e.g. {norms[tiny][0]:.3g}) below the '
+        f'smallest normal {dtype} number (np.finfo({dtype}).tiny = {float(finfo.tiny):.4g}): '
+        f'scale = |w| underflows in {dtype} (XLA flushes subnormals to 0) and lam = b / |w| is '
+        'not finite. Rescale those units or convert in float64.')
+  huge = norms > float(finfo.max)
+  if np.any(huge):
+    raise ValueError(
+        f'kernel columns {columns(huge)} have norm |w| (e.g. {norms[huge][0]:.3g}) above the '
+        f'largest {dtype} number ({float(finfo.max):.4g}): scale = |w| overflows in {dtype}.')
+  with np.errstate(over='ignore', invalid='ignore'):  # an overflowing cast is reported below
+    bias = jnp.zeros((features,), dtype) if bias is None else jnp.asarray(bias, dtype)
+  if bias.shape != (features,):
+    raise ValueError(f'bias must have shape ({features},), got {bias.shape}.')
+  bias_np = np.asarray(bias)
+  if not np.all(np.isfinite(bias_np)):
+    raise ValueError(
+        f'bias entries {columns(~np.isfinite(bias_np))} are not finite in {dtype} (inf or NaN, '
+        f'or beyond np.finfo({dtype}).max = {float(finfo.max):.4g} once cast to it).')
+  out = from_dense_traced(w, bias)
+  # Checked in the returned dtype: what the GmP model will compute with.
+  scale_np, lam_np = np.asarray(out['scale']), np.asarray(out['lam'])
+  bad_scale = ~(np.isfinite(scale_np) & (scale_np > 0))
+  if np.any(bad_scale):
+    raise ValueError(
+        f'kernel columns {columns(bad_scale)}: scale = |w| is {scale_np[bad_scale][:3].tolist()} '
+        f'in {dtype}, not a finite number > 0 (|w| near np.finfo({dtype}).tiny = '
+        f'{float(finfo.tiny):.4g} or max = {float(finfo.max):.4g}).')
+  bad_lam = ~np.isfinite(lam_np)
+  if np.any(bad_lam):
+    raise ValueError(
+        f'columns {columns(bad_lam)}: lam = b / |w| overflows {dtype} (b = '
+        f'{[f"{x:.3g}" for x in bias_np[bad_lam][:3]]}, |w| = '
+        f'{[f"{x:.3g}" for x in norms[bad_lam][:3]]}; '
+        f'np.finfo({dtype}).max = {float(finfo.max):.4g}). Rescale those units or convert in '
+        'float64.')
+  if not np.all(np.isfinite(np.asarray(out['theta']))):
+    raise ValueError(
+        f'kernel columns {columns(~np.all(np.isfinite(np.asarray(out["theta"])), axis=0))}: '
+        'the angles are not finite.')
+  return out
+
+
+def to_dense(params: Mapping[str, Any], kernel_shape=None) -> tuple[jax.Array, jax.Array]:
+  """`(scale * u(theta), scale * lam)` of one layer's GmP variables, checked (shapes, finiteness).
+
+  `kernel_shape`: the returned kernel's shape (e.g. a conv kernel); default `(fan_in, F)`.
+  """
+  if not isinstance(params, Mapping):
+    raise TypeError(
+        f"params must be a dict of one GmP layer's entries (theta, lam, scale), got "
+        f'{type(params).__name__}.')
+  missing = {'theta', 'lam', 'scale'} - set(params)
+  if missing:
+    raise ValueError(f'params lack GmP entries {sorted(missing)}; got keys {sorted(params)}.')
+  theta = jnp.asarray(params['theta'])
+  if theta.ndim != 2:
+    raise ValueError(f'theta must have shape (fan_in - 1, features), got {theta.shape}.')
+  features = theta.shape[1]
+  entries = {k: np.asarray(params[k]) for k in ('lam', 'scale', 'sign')
+             if params.get(k) is not None}
+  for name, value in entries.items():
+    if value.shape != (features,):
+      raise ValueError(
+          f'{name} must have shape ({features},) to match theta of shape {theta.shape} (one '
+          f'entry per feature), got shape {value.shape}.')
+  for name, value in [('theta', np.asarray(theta))] + list(entries.items()):
+    if not np.all(np.isfinite(value)):
+      raise ValueError(
+          f'{name} has entries that are not finite (units '
+          f'{columns(~np.isfinite(value).reshape(-1, features).all(axis=0))}).')
+  scale = jnp.asarray(params['scale'])
+  kernel = scale * gmp_kernel(theta, params.get('sign'))
+  bias = scale * jnp.asarray(params['lam'])
+  if kernel_shape is not None:
+    kernel_shape = tuple(kernel_shape)
+    if int(np.prod(kernel_shape)) != kernel.size or kernel_shape[-1] != kernel.shape[-1]:
+      raise ValueError(
+          f'kernel_shape {kernel_shape} does not hold a ({kernel.shape[0]}, {kernel.shape[1]}) '
+          'kernel.')
+    kernel = kernel.reshape(kernel_shape)
+  return kernel, bias
+
+
+def _convert(kernel, bias, dtype, use_bias):
+  del use_bias  # GmP always has lam: the bias of a bias-free layer is stored there
+  w = np.asarray(kernel).reshape(-1, np.shape(kernel)[-1])
+  # Converted in the params' dtype, so its checks (tiny columns, overflow) are that dtype's.
+  return dict(from_dense(jnp.asarray(w, dtype), jnp.asarray(bias, dtype)))
+
+
+def _bake(params, kernel_shape):
+  kernel, bias = to_dense({k: meta.unbox(v) for k, v in params.items()}, kernel_shape)
+  return np.asarray(kernel, np.float64), np.asarray(bias, np.float64)
+
+
+def _layer_draw(layer: base.Layer, kernel_shape, dtype, key):
+  """The layer's own `kernel_init`/`bias_init` draws: `(kernel (fan_in, F), bias (F,))`."""
+  k_key, b_key = jax.random.split(key)
+  kernel = meta.unbox(layer.kernel_init(k_key, kernel_shape, dtype))
+  features = kernel_shape[-1]
+  if layer.use_bias:
+    bias = meta.unbox(layer.bias_init(b_key, (features,), dtype))
+  else:
+    bias = jnp.zeros((features,), dtype)
+  return kernel.reshape(-1, features), bias
+
+
+def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
+        scale_init=None) -> base.Method:
+  """GmP as a `Method`.
+
+  Args:
+    initialization: `'paper'` (sphere-uniform `u`, `lam = 0`, `scale = 1`) or
+      `'layer'` (the layer's own `kernel_init`/`bias_init` draw, converted exactly).
+    theta_init, lam_init, scale_init: override the paper's initializers.
+  """
+  if initialization not in INITIALIZATIONS:
+    raise ValueError(f'initialization must be one of {INITIALIZATIONS}, got {initialization!r}.')
+  if initialization == 'layer' and any(i is not None for i in (theta_init, lam_init, scale_init)):
+    raise ValueError("initialization='layer' takes the layer's own kernel_init/bias_init; "
+                     'do not also pass theta_init, lam_init or scale_init.')
+
+  def params(kernel_shape, layer, new_key):
+    n, features = base.fan_in(kernel_shape), kernel_shape[-1]
+    shapes = {'theta': (n - 1, features), 'lam': (features,), 'scale': (features,)}
+    if n == 1:
+      shapes['sign'] = (features,)
+    if initialization == 'paper':
+      inits = {'theta': theta_init or initializers.sphere_uniform(),
+               'lam': lam_init or nn.initializers.zeros,
+               'scale': scale_init or nn.initializers.ones, 'sign': initializers.rademacher()}
+    else:
+      # one draw, all variables from it (new_key gives the same key on every call)
+      draw = lambda dtype: from_dense_traced(*_layer_draw(layer, kernel_shape, dtype, new_key()))
+      inits = {name: (lambda name: lambda _, shape, dtype=jnp.float32: draw(dtype)[name])(name)
+               for name in shapes}
+    return {name: base.Param(shape, inits[name]) for name, shape in shapes.items()}
+
+  return base.Method('gmp', params, _apply, _convert, _bake)
+
+
+def gmp_imn(momentum: float = 0.99, axis_name: str | None = None, **options) -> base.Method:
+  """GmP with input mean normalization: `with_imn(gmp(**options), momentum, axis_name)`."""
+  return base.with_imn(gmp(**options), momentum, axis_name)._replace(name='gmp_imn')
