@@ -10,6 +10,7 @@ from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam import lcw
 from geoparam import masks
+from geoparam import methods
 from geoparam import schedules
 from geoparam import transform
 from geoparam import variance
@@ -34,6 +35,7 @@ from geoparam.transform import to_reparameterized
 from geoparam.wrappers import CWN
 from geoparam.wrappers import GmP
 from geoparam.wrappers import LCW
+from geoparam.wrappers import Reparam
 from geoparam.wrappers import WN
 from geoparam.normalization import InputMeanNorm
 from geoparam.normalization import MeanOnlyBatchNorm
@@ -53,6 +55,7 @@ __all__ = [
   'LCWDense',
   'MeanOnlyBatchNorm',
   'PReLU',
+  'Reparam',
   'Reparameterized',
   'WN',
   'StandardizationLayer',
@@ -67,6 +70,7 @@ __all__ = [
   'initializers',
   'lcw',
   'masks',
+  'methods',
   'prelu',
   'reparameterize',
   'schedules',

@@ -102,7 +102,7 @@ def _hashable(value):
 _TAP_MASKS: dict[Any, np.ndarray] = {}
 
 
-def tap_mask(layer: nn.Conv, spatial_in: tuple[int, ...]) -> np.ndarray:
+def tap_mask(layer: Any, spatial_in: tuple[int, ...], probe=None) -> np.ndarray:
   """What each kernel tap sees of a constant image of ones: `(*spatial_out, taps)`, float32.
 
   `mask[p, t]` is the value that tap `t` (kernel positions in C order) of output
@@ -111,13 +111,17 @@ def tap_mask(layer: nn.Conv, spatial_in: tuple[int, ...]) -> np.ndarray:
   1 on wrapped or reflected pixels. Found by running the layer itself (its
   padding, strides, dilations; one channel, one one-hot kernel per tap), so it
   is Flax's semantics by construction; concrete (computed at trace time, cached).
+
+  `layer` is a linen `nn.Conv`, or any conv with the same fields (`nnx.Conv`)
+  when `probe(kernel, ones) -> outputs` runs it with this kernel, one input and
+  `taps` output channels, no groups, mask or bias, in float32 at HIGHEST precision.
   """
   kernel_size = layer.kernel_size
   kernel_size = (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(
       kernel_size)
   spatial_in = tuple(int(s) for s in spatial_in)
   key = (type(layer), kernel_size, spatial_in) + tuple(
-      _hashable(getattr(layer, f)) for f in (
+      _hashable(getattr(layer, f, None)) for f in (
           'strides', 'padding', 'input_dilation', 'kernel_dilation', 'conv_general_dilated',
           'conv_general_dilated_cls'))
   try:
@@ -127,18 +131,23 @@ def tap_mask(layer: nn.Conv, spatial_in: tuple[int, ...]) -> np.ndarray:
   if cached is not None:
     return cached
   taps = math.prod(kernel_size)
+  eye = np.eye(taps, dtype=np.float32).reshape(kernel_size + (1, taps))
+  ones = np.ones((1,) + spatial_in + (1,), np.float32)
+  with jax.ensure_compile_time_eval(), bypass():
+    mask = np.array((probe or _linen_probe(layer, kernel_size, taps))(eye, ones)[0])
+  if key is not None and len(_TAP_MASKS) < 4096:
+    _TAP_MASKS[key] = mask
+  return mask
+
+
+def _linen_probe(layer, kernel_size, taps):
+  """`probe` of `tap_mask` for a linen `nn.Conv`."""
   # kernel_init: flax checks a given param's shape against its initializer's.
   probe = layer.clone(parent=None, name=None, features=taps, kernel_size=kernel_size,
                       feature_group_count=1, use_bias=False, mask=None, dtype=jnp.float32,
                       param_dtype=jnp.float32, precision=lax.Precision.HIGHEST,
                       kernel_init=nn.initializers.zeros)
-  eye = np.eye(taps, dtype=np.float32).reshape(kernel_size + (1, taps))
-  ones = np.ones((1,) + spatial_in + (1,), np.float32)
-  with jax.ensure_compile_time_eval(), bypass():
-    mask = np.array(probe.apply({'params': {'kernel': eye}}, ones)[0])
-  if key is not None and len(_TAP_MASKS) < 4096:
-    _TAP_MASKS[key] = mask
-  return mask
+  return lambda kernel, ones: probe.apply({'params': {'kernel': kernel}}, ones)
 
 
 def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,

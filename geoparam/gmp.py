@@ -40,7 +40,8 @@ from geoparam.methods.gmp import gmp_kernel
 from geoparam.methods.gmp import unit
 from geoparam.methods.run import imn_subtracts
 
-__all__ = ['directions', 'gmp_kernel', 'gmp_from_dense', 'imn_subtracts', 'GmPDense', 'GmPConv']
+__all__ = ['directions', 'gmp_kernel', 'gmp_from_dense', 'imn_subtracts', 'paper_method', 'GmPDense',
+           'GmPConv']
 
 Initializer = Callable[..., jax.Array]
 
@@ -49,6 +50,25 @@ def _unit_apply(params, kernel_shape):
   """The paper form's `(kernel, bias)`: `(u, lam)`; the scale multiplies after the activation."""
   u, lam, _ = unit(params)
   return u.reshape(kernel_shape), lam
+
+
+def paper_method(fields, fan_in: int) -> methods.Method:
+  """The `gmp` method of a paper-form layer: its initializers (and IMN), computing `(u, lam)`.
+
+  `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
+  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`.
+  """
+  if fields.scale_init is not None:
+    scale_init = fields.scale_init
+  elif fields.glorot_scale:
+    scale_init = initializers.glorot_norm(fan_in, fields.features)
+  else:
+    scale_init = nn.initializers.ones
+  method = methods.get('gmp', theta_init=fields.theta_init, lam_init=fields.lam_init,
+                       scale_init=scale_init)
+  if fields.input_mean_norm:
+    method = methods.with_imn(method, fields.momentum, fields.axis_name)
+  return method._replace(apply=_unit_apply)
 
 
 class _GmPBase(nn.Module):
@@ -64,18 +84,7 @@ class _GmPBase(nn.Module):
           f'linear, got {self.activation!r}.')
 
   def _method(self, fan_in: int) -> methods.Method:
-    """`gmp` with this layer's initializers (and IMN), computing `(u, lam)` for the layer."""
-    if self.scale_init is not None:
-      scale_init = self.scale_init
-    elif self.glorot_scale:
-      scale_init = initializers.glorot_norm(fan_in, self.features)
-    else:
-      scale_init = nn.initializers.ones
-    method = methods.get('gmp', theta_init=self.theta_init, lam_init=self.lam_init,
-                         scale_init=scale_init)
-    if self.input_mean_norm:
-      method = methods.with_imn(method, self.momentum, self.axis_name)
-    return method._replace(apply=_unit_apply)
+    return paper_method(self, fan_in)
 
   def _finish(self, layer, inputs, kernel_shape, use_running_average):
     """`scale * act(layer(x; u, lam))`, IMN included."""

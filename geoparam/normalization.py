@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ['batch_mean', 'running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
+__all__ = ['batch_mean', 'update_running_mean', 'check_floating', 'running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
 
 
 def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
@@ -37,6 +37,18 @@ def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
   return mean
 
 
+def update_running_mean(running: jax.Array, batch: jax.Array, momentum: float) -> jax.Array:
+  """`momentum * running + (1 - momentum) * batch`: the running mean after one training batch."""
+  return momentum * running + (1.0 - momentum) * batch
+
+
+def check_floating(x: jax.Array) -> None:
+  """The mean normalizations need floating inputs: raises a TypeError naming the dtype."""
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    raise TypeError(f'the mean normalizations need floating inputs, got dtype {x.dtype} (the '
+                    'mean would be truncated to it): cast integer images to float first.')
+
+
 def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
                  momentum: float = 0.99, axis_name: str | None = None,
                  name: str = 'mean') -> jax.Array:
@@ -49,9 +61,7 @@ def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
   """
   if not 0.0 <= momentum <= 1.0:
     raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
-  if not jnp.issubdtype(x.dtype, jnp.inexact):
-    raise TypeError(f'the mean normalizations need floating inputs, got dtype {x.dtype} (the '
-                    'mean would be truncated to it): cast integer images to float first.')
+  check_floating(x)
   stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
   ra_mean = module.variable(
       'batch_stats', name, lambda s: jnp.zeros(s, stat_dtype), (x.shape[-1],))
@@ -60,7 +70,7 @@ def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
   # Like nn.BatchNorm: no cross-device mean while initializing (outside shard_map/pmap).
   mean = batch_mean(x, None if module.is_initializing() else axis_name)
   if not module.is_initializing():
-    ra_mean.value = momentum * ra_mean.value + (1.0 - momentum) * mean
+    ra_mean.value = update_running_mean(ra_mean.value, mean, momentum)
   return mean
 
 

@@ -266,9 +266,14 @@ def _bn_affine(bn: nn.BatchNorm, variables, path):
                    params['bias'] if bn.use_bias else None)
 
 
+def _is_conv(layer) -> bool:
+  """A linen or NNX conv (the transforms' helpers read Flax's field names, either framework)."""
+  return hasattr(layer, 'kernel_size')
+
+
 def _padding_free(layer) -> bool:
   """Whether `conv(x - m) == conv(x) - w^T m` everywhere (no zero is padded or inserted)."""
-  if not isinstance(layer, nn.Conv):
+  if not _is_conv(layer):
     return True
   dilation = layer.input_dilation
   if dilation is not None and any(d != 1 for d in np.atleast_1d(dilation)):
@@ -294,7 +299,7 @@ def _mean_dot(layer, mean, kernel):
   the flattened contracted axes.
   """
   features = kernel.shape[-1]
-  if isinstance(layer, nn.Conv):
+  if _is_conv(layer):
     groups = layer.feature_group_count
     per_unit = np.repeat(mean.reshape(groups, -1), features // groups, axis=0)  # (F, C_in / g)
     window_sum = kernel.reshape((-1,) + kernel.shape[-2:]).sum(0)  # (C_in / g, F)
@@ -347,7 +352,7 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
 
   Args:
     method: a `geoparam.methods.Method` (or a registry name).
-    layer: the linen layer (its fields), `kernel` and `bias` (None: no bias) its params.
+    layer: the layer (its fields; linen or NNX), `kernel` and `bias` (None: no bias) its params.
     inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
     path: for error messages.
     fold: optional `(s, t)` of a following BatchNorm folded in (`bn_affine`).

@@ -135,12 +135,16 @@ def bypassed() -> bool:
   return conv.bypassed()
 
 
-def contract_axes(layer: nn.Module, ndim: int) -> tuple[int, ...]:
-  """The input axes a layer contracts with its kernel (all fan-in axes but a conv's window)."""
-  if isinstance(layer, nn.DenseGeneral):
-    axis = (layer.axis,) if isinstance(layer.axis, numbers.Integral) else tuple(layer.axis)
-    return tuple(a % ndim for a in axis)
-  return (ndim - 1,)
+def contract_axes(layer, ndim: int) -> tuple[int, ...]:
+  """The input axes a layer contracts with its kernel (all fan-in axes but a conv's window).
+
+  Any Flax layer: DenseGeneral/LinearGeneral contract their `axis`, the others the last.
+  """
+  axis = getattr(layer, 'axis', None)
+  if axis is None:
+    return (ndim - 1,)
+  axis = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+  return tuple(a % ndim for a in axis)
 
 
 # ----------------------------------------------------------------------------- variables

@@ -110,20 +110,18 @@ WRAPPED = [
 @pytest.mark.parametrize('method', ['gmp', 'gmp_imn', 'lcw', 'cwn', 'wn'])
 @pytest.mark.parametrize('name,make,shape', WRAPPED, ids=[w[0] for w in WRAPPED])
 def test_nnx_wrapper_equals_linen_wrapper_on_the_same_params_float64(name, make, shape, method):
-  cls, preset = gnnx.METHODS[method]
   with jax.enable_x64():
     layer = make(nnx.Rngs(0))
-    kw = {'initialization': 'layer'} if cls is gnnx.GmP else {}
+    kw = {'initialization': 'layer'} if method.startswith('gmp') else {}
     if name == 'Linear1' and method in ('lcw', 'cwn'):
       with pytest.raises(ValueError, match='fan-in of at least 2'):
-        cls(layer, **kw, **preset)
+        gnnx.Reparam(layer, method, **kw)
       return
-    wrapper = cls(layer, **kw, **preset)
+    wrapper = gnnx.Reparam(layer, method, **kw)
     x = _x(shape, dtype=jnp.float64)
     for _, var in nnx.to_flat_state(nnx.state(wrapper)):
       var.set_value(jnp.asarray(var.get_value(), jnp.float64))
-    linen_cls = geoparam.transform.METHODS[method][0]
-    linen = linen_cls(gnnx.linen_twin(layer).clone(param_dtype=jnp.float64), **preset)
+    linen = geoparam.Reparam(gnnx.linen_twin(layer).clone(param_dtype=jnp.float64), method)
     variables = wrapper.linen_variables()
     stats = 'batch_stats' in variables
     y_ref, g_ref, _ = _linen_value_and_grad(linen, variables, x, stats)
@@ -297,7 +295,7 @@ def test_trained_cnn_to_gmp_imn_with_bn_dropped_keeps_function_trains_and_bakes(
   before = model(x)
   assert not np.allclose(model.bn1.mean[...], 0)
   gnnx.reparameterize(model, 'gmp_imn', x, exclude=['head'], drop_batchnorm=True)
-  assert isinstance(model.conv1, gnnx.GmP) and isinstance(model.bn1, gnnx.DroppedBatchNorm)
+  assert isinstance(model.conv1, gnnx.Reparam) and isinstance(model.bn1, gnnx.DroppedBatchNorm)
   assert isinstance(model.head, nnx.Linear)
   assert _rel(model(x), before) < 1e-5
   # conv2 pads nothing: IMN's running mean starts at the batch mean; conv1 pads: at 0.
@@ -334,7 +332,7 @@ def test_mlp_with_gelu_and_list_reparameterized_in_place(method):
   _train(model, x, y, 3)
   before = model(x)
   gnnx.reparameterize(model, method)
-  assert all(isinstance(m, gnnx.METHODS[method][0]) for m in (model.up, *model.layers))
+  assert all(isinstance(m, gnnx.Reparam) for m in (model.up, *model.layers))
   assert _rel(model(x), before) < 1e-5
   losses = _train(model, x, y, 6)
   assert losses[-1] < losses[0]

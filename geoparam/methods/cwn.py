@@ -7,7 +7,7 @@ norm `|scale|`. A kernel whose units do not sum to zero has no CWN form.
     >>> from geoparam import methods
     >>> cwn = methods.get('cwn', epsilon=0.0)
     >>> w = cwn.apply({'kernel': np.array([[1.0], [3.0]]), 'scale': np.array([2.0])}, (2, 1))[0]
-    >>> w.ravel().round(4).tolist()
+    >>> [round(float(a), 4) for a in w.ravel()]
     [-1.4142, 1.4142]
 """
 

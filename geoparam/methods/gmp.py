@@ -16,8 +16,8 @@ outside the activation with `unit`.
     >>> from geoparam import methods
     >>> gmp = methods.get('gmp')
     >>> params = gmp.convert(np.array([[3.0], [4.0]]), np.array([1.0]), np.float32, True)
-    >>> {k: v.tolist() for k, v in params.items()}  # |w| = 5, lam = b / |w|
-    {'theta': [[0.9272952675819397]], 'lam': [0.20000000298023224], 'scale': [5.0]}
+    >>> {k: np.round(np.float64(v), 4).tolist() for k, v in params.items()}  # lam = b / |w|
+    {'theta': [[0.9273]], 'lam': [0.2], 'scale': [5.0]}
     >>> [a.round(5).tolist() for a in gmp.bake(params, (2, 1))]
     [[[3.0], [4.0]], [1.0]]
 """

@@ -1,9 +1,9 @@
-"""geoparam for Flax NNX: the same layers, wrappers and whole-model transform, on NNX state.
+"""geoparam for Flax NNX: the same layers, wrappers and whole-model transform, native NNX.
 
-`import geoparam.nnx` (linen users never need it). Every module runs the linen
-implementation of the same name on its NNX variables (`geoparam.nnx.modules`),
-so each formula exists once; `reparameterize`/`bake` change a model in place
-(`geoparam.nnx.transform`).
+`import geoparam.nnx` (linen users never need it). Every module holds NNX
+variables and calls the methods' pure functions (`geoparam.methods`), as the
+linen modules do, so each formula exists once; `reparameterize`/`bake` change a
+model in place (`geoparam.nnx.transform`).
 """
 
 from geoparam.he_init import he_normal
@@ -19,19 +19,18 @@ from geoparam.nnx.modules import LAYER_TYPES
 from geoparam.nnx.modules import LCW
 from geoparam.nnx.modules import LCWConv
 from geoparam.nnx.modules import LCWLinear
-from geoparam.nnx.modules import LinenBacked
 from geoparam.nnx.modules import MeanOnlyBatchNorm
 from geoparam.nnx.modules import PReLU
+from geoparam.nnx.modules import Reparam
 from geoparam.nnx.modules import WN
 from geoparam.nnx.modules import linen_twin
 from geoparam.nnx.transform import DroppedBatchNorm
-from geoparam.nnx.transform import METHODS
 from geoparam.nnx.transform import bake
 from geoparam.nnx.transform import reparameterize
 
 __all__ = [
   'CWN', 'CWNConv', 'CWNLinear', 'DroppedBatchNorm', 'GmP', 'GmPConv', 'GmPLinear',
-  'InputMeanNorm', 'LAYER_TYPES', 'LCW', 'LCWConv', 'LCWLinear', 'LinenBacked', 'METHODS',
-  'MeanOnlyBatchNorm', 'PReLU', 'WN', 'bake', 'he_normal', 'he_uniform', 'linen_twin',
+  'InputMeanNorm', 'LAYER_TYPES', 'LCW', 'LCWConv', 'LCWLinear', 'MeanOnlyBatchNorm', 'PReLU',
+  'Reparam', 'WN', 'bake', 'he_normal', 'he_uniform', 'linen_twin',
   'reparameterize',
 ]

@@ -1,10 +1,12 @@
-"""geoparam's layers as Flax NNX modules: one implementation, the linen one, run on NNX state.
+"""geoparam's layers as native Flax NNX modules, on the same methods as the linen ones.
 
-Each module here holds its variables as NNX attributes (`nnx.Param`,
-`nnx.BatchStat`) with the same names and shapes as the linen module of the same
-name (`theta`, `lam`, `scale`, `input_mean_norm['mean']`, ...), and computes
-with that linen module's pure `apply`: outputs and gradients equal the linen
-layers' by construction, and every formula exists once.
+Each module holds `nnx.Param`/`nnx.BatchStat` and calls the method's pure
+functions (`geoparam.methods`) and the shared layer run
+(`geoparam.methods.run.forward`, IMN included) directly; no linen module runs
+inside. The wrapped NNX layer itself computes (its `__call__` on a view that
+sees the method's kernel and bias), so padding, groups, dtypes and precision are
+Flax's. Variable names and layouts are the linen modules' (`theta`, `lam`,
+`scale`, `input_mean_norm['mean']`, ...).
 
     >>> import jax.numpy as jnp
     >>> from flax import nnx
@@ -14,6 +16,9 @@ layers' by construction, and every formula exists once.
     ((2, 4), (4,))
     >>> layer(jnp.ones((2, 3))).shape
     (2, 4)
+    >>> stacked = nnx.eval_shape(lambda: gnnx.Reparam(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), 'wn'))
+    >>> stacked.kernel.shape, stacked.scale.shape
+    ((3, 4), (4,))
 
 Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 `use_running_average` (default False, as `nnx.BatchNorm`), which
@@ -23,352 +28,87 @@ Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-import functools
 import math
 import numbers
 from typing import Any
 
 import flax.linen as nn
 from flax import nnx
-from flax import traverse_util
-from flax.core import meta
 from flax.nnx import variablelib
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from geoparam import activations
-from geoparam import baselines
+from geoparam import conv
 from geoparam import gmp
-from geoparam import linear_constrained
+from geoparam import initializers
+from geoparam import methods
 from geoparam import normalization
 from geoparam import transform
 from geoparam import wrappers
+from geoparam.methods import run
 
-__all__ = ['LinenBacked', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv', 'CWNLinear', 'CWNConv',
-           'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'GmP', 'LCW', 'CWN', 'WN',
-           'LAYER_TYPES', 'linen_twin']
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
+           'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'LAYER_TYPES',
+           'linen_twin', 'layer_ops']
 
-_VARIABLE_TYPES = {'params': nnx.Param, 'batch_stats': nnx.BatchStat}
-
-# The NNX layers the wrappers accept; each has a linen twin with the same kernel layout.
+# The NNX layers the wrappers accept.
 LAYER_TYPES = (nnx.Linear, nnx.Conv, nnx.LinearGeneral)
 
 
-class _Names(nn.Partitioned):
-  """Sharding names riding through a linen init; NNX (not linen) places the value on the mesh."""
+# ----------------------------------------------------------------------------- running the layer
 
-  def unbox(self, apply_constraint: bool = True):
-    del apply_constraint
-    return self.value
+class _View:
+  """`layer`'s attributes, with some replaced (its kernel and bias): what its `__call__` reads."""
 
+  def __init__(self, layer, **replaced):
+    self._layer = layer
+    self.__dict__.update(replaced)
 
-def _linen_init(init: Callable | None) -> Callable | None:
-  """An NNX-style initializer as a linen one: `nnx.with_partitioning` metadata -> nn.Partitioned."""
-  if init is None:
-    return None
-
-  def linen_init(key, shape, dtype=jnp.float32):
-    value = init(key, shape, dtype)
-    if isinstance(value, variablelib.VariableMetadata):
-      names = value.metadata.get('out_sharding') or value.metadata.get('sharding_names')
-      return _Names(value.raw_value, names=tuple(names)) if names else value.raw_value
-    return value
-
-  return linen_init
+  def __getattr__(self, name):
+    return getattr(self._layer, name)
 
 
-def _linen_fields(fields: dict[str, Any]) -> dict[str, Any]:
-  """Module fields with every initializer made linen-compatible and paddings hashable."""
-  out = {}
-  for key, value in fields.items():
-    if key.endswith('_init') and callable(value):
-      value = _linen_init(value)
-    elif key == 'padding' and isinstance(value, list):
-      value = tuple(tuple(p) if isinstance(p, list) else p for p in value)
-    out[key] = value
-  return out
+def _probe(layer, kernel, ones):
+  """`conv.tap_mask`'s probe: the NNX conv with a one-hot kernel per tap, one input channel."""
+  view = _View(layer, kernel=kernel, bias=None, use_bias=False, in_features=1,
+               out_features=kernel.shape[-1], feature_group_count=1, mask=None,
+               dtype=jnp.float32, precision=lax.Precision.HIGHEST,
+               promote_dtype=nnx.nn.dtypes.promote_dtype, kernel_shape=kernel.shape)
+  return type(layer).__call__(view, jnp.asarray(ones))
 
 
-def _variable(vtype, leaf):
-  """A linen leaf (maybe an nn.Partitioned box) as an NNX variable carrying its sharding names."""
-  if isinstance(leaf, nn.Partitioned):
-    return vtype(leaf.value, out_sharding=tuple(leaf.names))
-  return vtype(meta.unbox(leaf))
+def layer_ops(layer: nnx.Module, ndim: int) -> run.LayerOps:
+  """`run.LayerOps` of an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` for inputs of rank `ndim`.
 
-
-class LinenBacked(nnx.Module):
-  """Base: a linen module (static attribute `linen_module`) run on variables held as NNX state.
-
-  Subclasses call `_adopt(module, variables)` in `__init__` with the linen
-  variables; `_run(*args)` applies the module and writes the running
-  statistics back when `use_running_average` is False.
+  The layer's own `__call__` runs on a view of it whose kernel and bias are the given ones.
   """
+  is_conv = isinstance(layer, nnx.Conv)
 
-  def _adopt(self, module: nn.Module, variables) -> None:
-    self.linen_module = module
-    nested, paths = {}, []
-    for col, tree in variables.items():
-      for path, leaf in traverse_util.flatten_dict(dict(tree)).items():
-        paths.append((col,) + path)
-        node = nested
-        for key in path[:-1]:
-          node = node.setdefault(key, {})
-        node[path[-1]] = _variable(_VARIABLE_TYPES[col], leaf)
-    for name, value in nested.items():
-      setattr(self, name, nnx.data(value) if isinstance(value, dict) else value)
-    self.variable_paths = tuple(paths)
-    self.has_stats = any(p[0] == 'batch_stats' for p in paths)
+  def run_layer(kernel, bias, x):
+    return type(layer).__call__(_View(layer, kernel=kernel, bias=bias, use_bias=bias is not None),
+                                x)
 
-  def _variable_at(self, path):
-    node = getattr(self, path[0])
-    for key in path[1:]:
-      node = node[key]
-    return node
-
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen module's layout, `{collection: {name: array}}`."""
-    flat = {p: self._variable_at(p[1:])[...] for p in self.variable_paths}
-    return traverse_util.unflatten_dict(flat)
-
-  def _run(self, *args, use_running_average: bool | None = None):
-    if not self.has_stats:
-      return _applier(self.linen_module, None)(self.linen_variables(), *args)
-    if use_running_average is None:
-      use_running_average = self.use_running_average
-    if use_running_average is None:
-      raise ValueError(f'{type(self).__name__}: use_running_average is None; set it, call '
-                       'model.train()/model.eval(), or pass it to the call.')
-    use_running_average = bool(use_running_average)
-    out = _applier(self.linen_module, use_running_average)(self.linen_variables(), *args)
-    if use_running_average:
-      return out
-    out, updates = out
-    for path, value in traverse_util.flatten_dict(dict(updates['batch_stats'])).items():
-      self._variable_at(path)[...] = value
-    return out
-
-
-@functools.lru_cache(maxsize=512)
-def _applier(module: nn.Module, use_running_average: bool | None):
-  """`module.apply` jitted once per (module, mode): eager NNX calls compile once per shape.
-
-  Inside `nnx.jit`/`jax.jit` the inner jit is inlined; it only spares eager
-  callers (notebooks, debugging) the linen bookkeeping on every call.
-  """
-  if use_running_average is None:
-    return jax.jit(module.apply)
-  mutable = False if use_running_average else ['batch_stats']
-  return jax.jit(functools.partial(module.apply, use_running_average=use_running_average,
-                                   mutable=mutable))
-
-
-def _init_variables(module: nn.Module, rngs: nnx.Rngs | None, example, **kwargs):
-  key = rngs.params() if rngs is not None else jax.random.key(0)
-  return module.init({'params': key}, example, **kwargs)
-
-
-def _check_in_features(name, in_features):
-  if (isinstance(in_features, bool) or not isinstance(in_features, numbers.Integral)
-      or in_features < 1):
-    raise ValueError(f'{name} needs in_features >= 1 (an integer), got {in_features!r}.')
-
-
-def _tuple(value, n, name):
-  if value is None:
-    return None
-  if isinstance(value, numbers.Integral):
-    return (int(value),) * n
-  value = tuple(value)
-  if len(value) != n:
-    raise ValueError(f'{name} must have one entry per spatial dim ({n}), got {value!r}.')
-  return value
-
-
-def _example_conv_input(kernel_size, kernel_dilation, in_features):
-  """A batch-1 input as large as the dilated window (valid for any padding), `in_features` deep."""
-  kernel_size = tuple(kernel_size)
-  dilation = _tuple(kernel_dilation, len(kernel_size), 'kernel_dilation') or (1,) * len(kernel_size)
-  spatial = tuple((k - 1) * d + 1 for k, d in zip(kernel_size, dilation))
-  return jnp.zeros((1,) + spatial + (in_features,))
-
-
-# ----------------------------------------------------------------------------- paper-form layers
-
-class _PaperDense(LinenBacked):
-  _LINEN: type[nn.Module]
-
-  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs,
-               use_running_average: bool | None = False, **fields):
-    name = type(self).__name__
-    _check_in_features(name, in_features)
-    fields = _linen_fields(fields)
-    module = self._LINEN(features=out_features, **fields)
-    self.in_features, self.out_features = in_features, out_features
-    self.use_running_average = use_running_average
-    kwargs = {'use_running_average': True} if fields.get('input_mean_norm') else {}
-    self._adopt(module, _init_variables(module, rngs, jnp.zeros((1, in_features)), **kwargs))
-
-  def __call__(self, inputs, use_running_average: bool | None = None):
-    """Applies the layer to `inputs (..., in_features)`; returns `(..., out_features)`."""
-    return self._run(inputs, use_running_average=use_running_average)
-
-
-class _PaperConv(LinenBacked):
-  _LINEN: type[nn.Module]
-
-  def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
-               strides: int | Sequence[int] = 1, *, rngs: nnx.Rngs,
-               use_running_average: bool | None = False, **fields):
-    name = type(self).__name__
-    _check_in_features(name, in_features)
-    kernel_size = (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(
-        kernel_size)
-    fields = _linen_fields(fields)
-    module = self._LINEN(features=out_features, kernel_size=kernel_size, strides=strides,
-                         **fields)
-    self.in_features, self.out_features, self.kernel_size = in_features, out_features, kernel_size
-    self.use_running_average = use_running_average
-    example = _example_conv_input(kernel_size, fields.get('kernel_dilation', 1), in_features)
-    kwargs = {'use_running_average': True} if fields.get('input_mean_norm') else {}
-    self._adopt(module, _init_variables(module, rngs, example, **kwargs))
-
-  def __call__(self, inputs, use_running_average: bool | None = None):
-    """Applies the conv to `inputs (*batch, *spatial, in_features)`."""
-    return self._run(inputs, use_running_average=use_running_average)
-
-
-class GmPLinear(_PaperDense):
-  """`scale * act(u(theta)^T x + lam)`: `geoparam.GmPDense` as an NNX module.
-
-  `GmPLinear(in_features, out_features, *, rngs, **fields)`; fields as
-  `geoparam.GmPDense` (`activation`, `input_mean_norm`, `momentum`, `axis_name`,
-  `dtype`, `param_dtype`, `precision`, `theta_init`, `lam_init`, `scale_init`,
-  `glorot_scale`); initializers may carry `nnx.with_partitioning` metadata.
-  State: `theta (in_features - 1, out_features)`, `lam`, `scale`
-  (+ `sign` at in_features 1), and with IMN `input_mean_norm['mean']`.
-  """
-
-  _LINEN = gmp.GmPDense
-
-
-class GmPConv(_PaperConv):
-  """`geoparam.GmPConv` as an NNX module: `GmPConv(in, out, kernel_size, strides, *, rngs, ...)`.
-
-  Fields as `geoparam.GmPConv` (`padding`, `input_dilation`, `kernel_dilation`,
-  `feature_group_count`, `activation`, `input_mean_norm`, ...).
-  """
-
-  _LINEN = gmp.GmPConv
-
-
-class LCWLinear(_PaperDense):
-  """`geoparam.LCWDense` (kernel `B v`, columns sum to zero) as an NNX module; state `v`, `bias`."""
-
-  _LINEN = linear_constrained.LCWDense
-
-
-class LCWConv(_PaperConv):
-  """`geoparam.LCWConv` as an NNX module; state `v (fan_in - 1, out)`, `bias`."""
-
-  _LINEN = linear_constrained.LCWConv
-
-
-class CWNLinear(_PaperDense):
-  """`geoparam.CWNDense` (centred weight normalization) in NNX; `kernel`, `scale`, `bias`."""
-
-  _LINEN = baselines.CWNDense
-
-
-class CWNConv(_PaperConv):
-  """`geoparam.CWNConv` as an NNX module; state `kernel`, `scale`, `bias`."""
-
-  _LINEN = baselines.CWNConv
-
-
-class _Features(LinenBacked):
-  """A per-feature module of `num_features` (the last axis), like `nnx.BatchNorm`."""
-
-  _LINEN: type[nn.Module]
-
-  def __init__(self, num_features: int, *, rngs: nnx.Rngs | None = None,
-               use_running_average: bool | None = False, **fields):
-    _check_in_features(type(self).__name__, num_features)
-    module = self._LINEN(**_linen_fields(fields))
-    self.num_features = num_features
-    self.use_running_average = use_running_average
-    stats = 'use_running_average' in module.__dataclass_fields__
-    kwargs = {'use_running_average': True} if stats else {}
-    self._adopt(module, _init_variables(module, rngs, jnp.zeros((1, num_features)), **kwargs))
-
-  def __call__(self, x, use_running_average: bool | None = None):
-    """Applies the module to `x (..., num_features)`."""
-    return self._run(x, use_running_average=use_running_average)
-
-
-class InputMeanNorm(_Features):
-  """IMN: `x - E[x]` per feature; running mean `mean (num_features,)` as `nnx.BatchStat`.
-
-  `InputMeanNorm(num_features, *, momentum=0.99, axis_name=None, use_running_average=False)`.
-  """
-
-  _LINEN = normalization.InputMeanNorm
-
-
-class MeanOnlyBatchNorm(_Features):
-  """`x - E[x] + bias` per feature; `mean` (`nnx.BatchStat`) and `bias` (`nnx.Param`)."""
-
-  _LINEN = normalization.MeanOnlyBatchNorm
-
-
-class PReLU(_Features):
-  """Parametric ReLU, `negative_slope (num_features,)` (or `()` with `channel_shared=True`)."""
-
-  _LINEN = activations.PReLU
-
-  def __call__(self, x):
-    """Applies PReLU elementwise to `x (..., num_features)`."""
-    return self._run(x)
-
-
-# ----------------------------------------------------------------------------- wrappers
-
-_LAYER_FIELDS = {
-  nnx.Linear: ('in_features', 'out_features', 'use_bias', 'dtype', 'param_dtype', 'precision',
-               'dot_general', 'promote_dtype', 'preferred_element_type'),
-  nnx.Conv: ('in_features', 'out_features', 'kernel_size', 'strides', 'padding',
-             'input_dilation', 'kernel_dilation', 'feature_group_count', 'use_bias', 'mask',
-             'dtype', 'param_dtype', 'precision', 'conv_general_dilated', 'promote_dtype',
-             'preferred_element_type'),
-  nnx.LinearGeneral: ('in_features', 'out_features', 'axis', 'batch_axis', 'use_bias', 'dtype',
-                      'param_dtype', 'precision', 'dot_general', 'dot_general_cls',
-                      'promote_dtype', 'preferred_element_type'),
-}
+  tap_mask = None
+  if is_conv:
+    tap_mask = lambda spatial: conv.tap_mask(layer, spatial,
+                                             probe=lambda k, o: _probe(layer, k, o))
+  return run.LayerOps(run_layer, wrappers.contract_axes(layer, ndim), layer.precision, tap_mask,
+                      layer.mask if is_conv else None)
 
 
 def _layer_type(layer):
   for cls in LAYER_TYPES:
-    if type(layer) is cls or isinstance(layer, cls):
+    if isinstance(layer, cls):
       return cls
   return None
 
 
-def _hashable(value):
-  if isinstance(value, list):
-    return tuple(_hashable(v) for v in value)
-  return value
-
-
-def linen_twin(layer: nnx.Module, name: str | None = None) -> nn.Module:
-  """The linen layer computing what the NNX `layer` computes (same kernel layout); no params.
-
-    >>> from flax import nnx
-    >>> import geoparam.nnx as gnnx
-    >>> gnnx.linen_twin(nnx.Conv(3, 8, (3, 3), rngs=nnx.Rngs(0))).kernel_size
-    (3, 3)
-  """
+def _check_layer(layer, name):
+  """Raises for layers that cannot be reparameterized; returns the kernel shape."""
   cls = _layer_type(layer)
-  name = name or type(layer).__name__
   if cls is None:
     raise TypeError(
         f'{name} cannot be reparameterized: accepted layer types are '
@@ -376,132 +116,252 @@ def linen_twin(layer: nnx.Module, name: str | None = None) -> nn.Module:
   if getattr(layer, 'preferred_element_type', None) is not None:
     raise ValueError(f'{name}: preferred_element_type is not supported (got '
                      f'{layer.preferred_element_type!r}); leave it None.')
-  common = dict(use_bias=layer.use_bias, dtype=layer.dtype, param_dtype=layer.param_dtype,
-                precision=layer.precision)
-  if cls is nnx.Linear:
-    return nn.Dense(layer.out_features, **common)
-  if cls is nnx.Conv:
-    if layer.mask is not None:
-      raise ValueError(f'{name}: a masked nnx.Conv (mask=...) is not supported.')
-    return nn.Conv(layer.out_features, tuple(layer.kernel_size), strides=_hashable(layer.strides),
-                   padding=_hashable(layer.padding),
-                   input_dilation=_hashable(layer.input_dilation),
-                   kernel_dilation=_hashable(layer.kernel_dilation),
-                   feature_group_count=layer.feature_group_count, **common)
-  if layer.batch_axis:
-    raise ValueError(f'{name}: only LinearGeneral without batch_axis can be reparameterized '
-                     f'(got batch_axis={dict(layer.batch_axis)!r}).')
-  return nn.DenseGeneral(tuple(layer.out_features), axis=tuple(layer.axis), **common)
+  if cls is nnx.Conv and layer.mask is not None:
+    raise ValueError(f'{name}: a masked nnx.Conv (mask=...) is not supported.')
+  if cls is nnx.LinearGeneral and (layer.batch_axis or len(tuple(layer.out_features)) != 1):
+    raise ValueError(f'{name}: only LinearGeneral with one output axis and no batch_axis can be '
+                     f'reparameterized (out_features={layer.out_features!r}, '
+                     f'batch_axis={dict(layer.batch_axis)!r}).')
+  return tuple(layer.kernel.shape)
 
 
-def example_input(layer: nnx.Module) -> jax.Array:
-  """A small zero input that `layer` accepts (batch 1; shapes of its kernel)."""
-  cls = _layer_type(layer)
-  if cls is nnx.Conv:
-    return _example_conv_input(layer.kernel_size, layer.kernel_dilation, layer.in_features)
-  if cls is nnx.LinearGeneral:
-    axes = tuple(layer.axis)
-    ndim = max([len(axes) + 1] + [a + 1 for a in axes if a >= 0] + [-a for a in axes if a < 0])
-    shape = [1] * ndim
-    for a, n in zip(axes, layer.in_features):
-      shape[a] = n
-    return jnp.zeros(shape)
-  return jnp.zeros((1, layer.in_features))
+def _kernel_shape_for(layer, inputs_shape, name):
+  """The kernel shape `layer` would need for inputs of this shape (to check the stored one)."""
+  if isinstance(layer, nnx.Conv):
+    return conv.kernel_shape(name, tuple(layer.kernel_size), inputs_shape, layer.out_features,
+                             layer.feature_group_count)
+  if isinstance(layer, nnx.LinearGeneral):
+    axes = wrappers.contract_axes(layer, len(inputs_shape))
+    return tuple(inputs_shape[a] for a in axes) + tuple(layer.out_features)
+  if len(inputs_shape) < 1:
+    raise ValueError(f'{name} expects inputs (..., fan_in), got a scalar.')
+  return (inputs_shape[-1], layer.out_features)
 
 
-def _constant_init(variable):
-  """A linen initializer returning `variable`'s value (boxed with its sharding names)."""
-  value = variable[...]
-  names = variable.get_metadata().get('out_sharding')
-
-  def init(key, shape, dtype=jnp.float32):
-    del key
-    if math.prod(shape) != value.size:  # DenseGeneral asks for its kernel flattened
-      raise ValueError(f'expected a parameter of shape {tuple(value.shape)}, asked for {shape}.')
-    out = jnp.asarray(value, dtype).reshape(shape)
-    return _Names(out, names=tuple(names)) if names else out
-
-  return init
+def _mean_width(layer) -> int:
+  """Width of IMN's running mean: the contracted input axes (a conv's input channels)."""
+  features = layer.in_features
+  return math.prod(features) if isinstance(features, Sequence) else int(features)
 
 
-class _Wrapper(LinenBacked):
-  """A linen wrapper (`geoparam.wrappers.GmP`, ...) around an NNX layer's linen twin."""
+# ----------------------------------------------------------------------------- variables
 
-  _LINEN: type[nn.Module]
-  METHOD: str
+def _unbox(value):
+  """`(array, sharding names or None)` of an initializer's output (NNX or linen metadata)."""
+  if isinstance(value, variablelib.VariableMetadata):
+    names = value.metadata.get('out_sharding') or value.metadata.get('sharding_names')
+    return value.raw_value, (tuple(names) if names else None)
+  if isinstance(value, nn.Partitioned):
+    return value.value, tuple(value.names)
+  return value, None
 
-  def __init__(self, layer: nnx.Module, *, rngs: nnx.Rngs | None = None,
-               use_running_average: bool | None = False, **options):
-    name = f'{type(self).__name__}({type(layer).__name__})'
-    twin = linen_twin(layer, name)
-    fields = {f for f in self._LINEN.__dataclass_fields__} - {'layer', 'parent', 'name'}
-    unknown = sorted(set(options) - fields)
-    if unknown:
-      raise TypeError(f'{type(self).__name__} takes the options {sorted(fields)}; got unknown '
-                      f'{unknown}.')
-    if options.get('initialization', 'paper') == 'paper' and self._LINEN is wrappers.GmP:
-      if rngs is None:
-        raise ValueError(f"{name}: initialization='paper' draws the directions; pass "
-                         "rngs=nnx.Rngs(...), or initialization='layer' to start from the "
-                         "layer's weights.")
-    inits = {'kernel_init': _constant_init(layer.kernel)}
-    if layer.use_bias:
-      inits['bias_init'] = _constant_init(layer.bias)
-    module = self._LINEN(twin.clone(**inits), **options)
-    imn = bool(options.get('input_mean_norm'))
-    variables = _init_variables(module, rngs, example_input(layer),
-                                **({'use_running_average': True} if imn else {}))
-    self.layer_type = _layer_type(layer)
-    self.layer_fields = tuple((f, _hashable(getattr(layer, f))) for f in _LAYER_FIELDS[
-        self.layer_type] if hasattr(layer, f))
-    self.layer_metadata = tuple(
-        (n, tuple(sorted(_metadata(getattr(layer, n)).items()))) for n in ('kernel', 'bias')
-        if getattr(layer, n, None) is not None)
-    self.kernel_shape = tuple(layer.kernel.shape)
+
+def _unboxed(init):
+  return None if init is None else (lambda *a: _unbox(init(*a))[0])
+
+
+def _names_of(init, shape, dtype):
+  """The sharding names an initializer attaches (traced only), or None."""
+  if init is None:
+    return None
+  return _unbox(jax.eval_shape(lambda k: init(k, shape, dtype), jax.random.key(0)))[1]
+
+
+def _sharded(names, shape, kernel_shape, kernel_names):
+  """A variable's names: its own, else the kernel's features name on its last axis."""
+  if names or not kernel_names:
+    return names
+  if tuple(shape) == tuple(kernel_shape):
+    return tuple(kernel_names)
+  return (None,) * (len(shape) - 1) + (kernel_names[-1],)
+
+
+def _constant(value):
+  """An initializer returning `value` (the layer's current weights)."""
+  return lambda key, shape, dtype=jnp.float32: jnp.asarray(value, dtype).reshape(shape)
+
+
+def _param(value, names):
+  return nnx.Param(value, out_sharding=names) if names else nnx.Param(value)
+
+
+def _running_mean(stat, x, use_running_average, momentum, axis_name):
+  """IMN's (and MBN's) mean of `x (..., F)`: the batch mean, updating `stat`, or `stat` itself."""
+  normalization.check_floating(x)
+  if use_running_average:
+    return stat[...]
+  mean = normalization.batch_mean(x, axis_name)
+  stat[...] = normalization.update_running_mean(stat[...], mean, momentum)
+  return mean
+
+
+def _mode(module, use_running_average):
+  if use_running_average is None:
+    use_running_average = module.use_running_average
+  if use_running_average is None:
+    raise ValueError(f'{type(module).__name__}: use_running_average is None; set it, call '
+                     'model.train()/model.eval(), or pass it to the call.')
+  return bool(use_running_average)
+
+
+def _check_positive(name, what, value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f'{name} needs {what} >= 1 (an integer), got {value!r}.')
+
+
+_RESERVED = ('layer', 'method', 'param_names', 'kernel_shape', 'kernel_names', 'kernel_dtype',
+             'use_running_average', 'input_mean_norm')
+
+
+class _Reparameterized(nnx.Module):
+  """A layer (`self.layer`, without its kernel and bias) run with a method's kernel and bias."""
+
+  def _setup(self, layer, method: methods.Method, name: str, rngs: nnx.Rngs | None,
+             use_running_average, layer_init: methods.Layer, kernel_names, params=None):
+    kernel_shape = _check_layer(layer, name)
+    methods.base.check_fan_in(method, kernel_shape, name)
+    dtype = layer.param_dtype
+    keys = rngs.params if rngs is not None else _Keys()
+    joint = []
+
+    def new_key():
+      if not joint:
+        joint.append(keys())
+      return joint[0]
+
+    specs = method.params(kernel_shape, layer_init, new_key)
+    for pname, spec in specs.items():
+      if pname in _RESERVED or pname.startswith('_'):
+        raise ValueError(f'{name}: method {method.name!r} stores a variable named {pname!r}, '
+                         f'which the NNX module uses itself; rename it.')
+      if params is not None:
+        value, names = jnp.asarray(params[pname]), None
+      else:
+        value, names = _unbox(spec.init(keys(), spec.shape, dtype))
+      if tuple(jnp.shape(value)) != tuple(spec.shape):
+        raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
+                         f'{jnp.shape(value)}.')
+      setattr(self, pname, _param(value, _sharded(names, spec.shape, kernel_shape, kernel_names)))
+    self.param_names = tuple(specs)
+    if method.imn is not None:
+      mean = jnp.zeros(_mean_width(layer), jnp.promote_types(dtype, jnp.float32))
+      self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
+    stripped = nnx.clone(layer)
+    del stripped.kernel
+    stripped.bias = None
+    self.layer = stripped
+    self.method = method
+    self.kernel_shape = kernel_shape
+    self.kernel_names = tuple(kernel_names) if kernel_names else None
+    self.kernel_dtype = dtype
     self.use_running_average = use_running_average
-    self._adopt(self._LINEN(twin, **options), variables)
+
+  def params(self) -> dict[str, jax.Array]:
+    """The method's stored variables, `{name: array}`."""
+    return {n: getattr(self, n)[...] for n in self.param_names}
+
+  def _forward(self, inputs, use_running_average):
+    inputs = jnp.asarray(inputs)
+    name = type(self).__name__
+    need = _kernel_shape_for(self.layer, inputs.shape, name)
+    if tuple(need) != self.kernel_shape:
+      raise ValueError(f'{name}: the inputs {inputs.shape} need a kernel of shape {tuple(need)}, '
+                       f'but the params are for {self.kernel_shape} (the fan_in or the features '
+                       'differ).')
+    input_mean = None
+    imn = self.method.imn
+    if imn is not None:
+      mode = _mode(self, use_running_average)
+      stat = self.input_mean_norm['mean']
+      input_mean = lambda flat: _running_mean(stat, flat, mode, imn.momentum, imn.axis_name)
+    return run.forward(self.method, self.params(), layer_ops(self.layer, inputs.ndim), inputs,
+                       self.kernel_shape, input_mean)
+
+  def linen_variables(self) -> dict[str, Any]:
+    """The variables in the linen twin's layout, `{'params': ..., 'batch_stats': ...}`."""
+    out = {'params': self.params()}
+    if self.method.imn is not None:
+      out['batch_stats'] = {'input_mean_norm': {'mean': self.input_mean_norm['mean'][...]}}
+    return out
+
+
+class _Keys:
+  """Keys for initializers when no `rngs` is given (deterministic: initializations from weights)."""
+
+  def __init__(self):
+    self.count = 0
+
+  def __call__(self):
+    self.count += 1
+    return jax.random.fold_in(jax.random.key(0), self.count)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+class Reparam(_Reparameterized):
+  """Any method around an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` layer.
+
+  `Reparam(layer, method, *, rngs=None, use_running_average=False, **options)`:
+  `method` a name in `geoparam.methods.REGISTRY` (with its `options`) or a
+  `Method`. The method's variables start from the layer's current weights (its
+  kernel and bias as the initializers the method reads) or, where the method
+  draws (GmP's paper initialization), from `rngs`. The layer's kernel sharding
+  (`out_sharding`) carries to the stored variables. `bake`/`plain_layer` give the
+  plain layer back.
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import geoparam.nnx as gnnx
+    >>> dense = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    >>> g = gnnx.Reparam(dense, 'gmp', initialization='layer')
+    >>> bool(jnp.allclose(g(jnp.ones((2, 3))), dense(jnp.ones((2, 3))), atol=1e-6))
+    True
+  """
+
+  def __init__(self, layer: nnx.Module, method: str | methods.Method = 'gmp', *,
+               rngs: nnx.Rngs | None = None, use_running_average: bool | None = False,
+               params: dict[str, Any] | None = None, **options):
+    name = f'{type(self).__name__}({type(layer).__name__})'
+    method = methods.get(method, **options)
+    self._wrap(layer, method, name, rngs, use_running_average, params)
+
+  def _wrap(self, layer, method, name, rngs, use_running_average, params=None):
+    _check_layer(layer, name)
+    bias = layer.bias[...] if layer.use_bias else None
+    layer_init = methods.Layer(_constant(layer.kernel[...]),
+                               _constant(bias) if bias is not None else nnx.initializers.zeros,
+                               layer.use_bias)
+    names = layer.kernel.get_metadata().get('out_sharding')
+    self._setup(layer, method, name, rngs, use_running_average, layer_init, names, params)
 
   def __call__(self, inputs, use_running_average: bool | None = None):
     """Applies the layer to `inputs` with its reparameterized kernel and bias."""
-    if self.has_stats:
-      return self._run(inputs, use_running_average=use_running_average)
-    return self._run(inputs)
+    return self._forward(inputs, use_running_average)
 
-  def plain_layer(self, *, rngs: nnx.Rngs | None = None, approximate_borders: bool = False,
-                  carry_bias: bool = False):
+  def plain_layer(self, *, approximate_borders: bool = False, carry_bias: bool = False):
     """`(layer, bias)`: a new plain NNX layer (the wrapped type) with this wrapper's function.
 
     `bias` (numpy float64) is the bias the function needs; for a layer with
     `use_bias=False` a nonzero one raises unless `carry_bias` (the caller puts it
     elsewhere, as `bake` does into a following BatchNorm).
     """
-    module = self.linen_module
-    stored = self.linen_variables()
     mean = None
-    if 'batch_stats' in stored:
-      mean = np.asarray(stored['batch_stats']['input_mean_norm']['mean'], np.float64)
-    kernel, bias = transform.plain_layer(
-        self.METHOD, module, module.layer, stored['params'], self.kernel_shape, mean,
-        (type(self).__name__,), approximate_borders)
-    fields = dict(self.layer_fields)
-    metadata = {n: dict(m) for n, m in self.layer_metadata}
-    for n, m in metadata.items():
-      fields[f'{n}_metadata'] = {k: v for k, v in m.items() if k in ('out_sharding',)}
-    plain = self.layer_type(**fields, rngs=rngs or nnx.Rngs(0))
-    plain.kernel[...] = jnp.asarray(kernel, plain.kernel.dtype)
+    if self.method.imn is not None:
+      mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
+    kernel, bias = transform.plain_layer(self.method, self.layer, self.params(),
+                                         self.kernel_shape, mean, (type(self).__name__,),
+                                         approximate_borders)
+    plain = nnx.clone(self.layer)
+    plain.kernel = _param(jnp.asarray(kernel, self.kernel_dtype), self.kernel_names)
     if plain.use_bias:
-      plain.bias[...] = jnp.asarray(bias, plain.bias.dtype)
+      plain.bias = nnx.Param(jnp.asarray(bias, self.kernel_dtype))
     elif np.any(bias != 0) and not carry_bias:
       raise ValueError(f'{type(self).__name__}: the plain layer has use_bias=False but the '
                        'reparameterized one has a nonzero bias: no plain weights match.')
     return plain, bias
 
 
-def _metadata(variable) -> dict[str, Any]:
-  return {k: _hashable(v) for k, v in variable.get_metadata().items() if k == 'out_sharding' and v}
-
-
-class GmP(_Wrapper):
+class GmP(Reparam):
   """Geometric parameterization of an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` layer.
 
   Same semantics as the linen `geoparam.GmP`: the layer computes with
@@ -521,31 +381,374 @@ class GmP(_Wrapper):
     True
   """
 
-  _LINEN = wrappers.GmP
-  METHOD = 'gmp'
+  def __init__(self, layer, *, rngs=None, use_running_average=False, input_mean_norm=False,
+               momentum=0.99, axis_name=None, **options):
+    name = f'GmP({type(layer).__name__})'
+    method = methods.get('gmp', **options)
+    if options.get('initialization', 'paper') == 'paper' and rngs is None:
+      raise ValueError(f"{name}: initialization='paper' draws the directions; pass "
+                       "rngs=nnx.Rngs(...), or initialization='layer' to start from the "
+                       "layer's weights.")
+    if input_mean_norm:
+      method = methods.with_imn(method, momentum, axis_name)._replace(name='gmp_imn')
+    self._wrap(layer, method, name, rngs, use_running_average)
 
-  def __init__(self, layer, *, rngs=None, use_running_average=False, **options):
-    super().__init__(layer, rngs=rngs, use_running_average=use_running_average, **options)
-    self.METHOD = 'gmp_imn' if options.get('input_mean_norm') else 'gmp'
 
-
-class LCW(_Wrapper):
+class LCW(Reparam):
   """Linearly constrained weights (kernel `B v`) of an NNX layer; `v` from its current kernel."""
 
-  _LINEN = wrappers.LCW
-  METHOD = 'lcw'
+  def __init__(self, layer, *, rngs=None, use_running_average=False):
+    self._wrap(layer, methods.get('lcw'), f'LCW({type(layer).__name__})', rngs,
+               use_running_average)
 
 
-class CWN(_Wrapper):
+class CWN(Reparam):
   """Centred weight normalization of an NNX layer (state `kernel`, `scale`, `bias`)."""
 
-  _LINEN = wrappers.CWN
-  METHOD = 'cwn'
+  def __init__(self, layer, *, rngs=None, use_running_average=False,
+               scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
+    self._wrap(layer, methods.get('cwn', scale_init=scale_init, epsilon=epsilon),
+               f'CWN({type(layer).__name__})', rngs, use_running_average)
 
 
-class WN(_Wrapper):
+class WN(Reparam):
   """Weight normalization of an NNX layer (state `kernel`, `scale`, `bias`)."""
 
-  _LINEN = wrappers.WN
-  METHOD = 'wn'
+  def __init__(self, layer, *, rngs=None, use_running_average=False,
+               scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
+    self._wrap(layer, methods.get('wn', scale_init=scale_init, epsilon=epsilon),
+               f'WN({type(layer).__name__})', rngs, use_running_average)
 
+
+# ----------------------------------------------------------------------------- paper-form layers
+
+def _layer_init(kernel_init, bias_init, use_bias, kernel_shape, dtype):
+  """`(methods.Layer, kernel sharding names)` from NNX initializers (metadata unboxed)."""
+  names = _names_of(kernel_init, kernel_shape, dtype)
+  return methods.Layer(_unboxed(kernel_init), _unboxed(bias_init), use_bias), names
+
+
+class _Paper(_Reparameterized):
+  """A paper-form layer: its own NNX layer (built here) run with its method."""
+
+  def _build(self, layer, method, rngs, use_running_average, kernel_init=None, bias_init=None,
+             use_bias=True):
+    name = type(self).__name__
+    layer_init, names = _layer_init(kernel_init, bias_init, use_bias, tuple(layer.kernel.shape),
+                                    layer.param_dtype)
+    self._setup(layer, method, name, rngs, use_running_average, layer_init, names)
+
+
+class _GmPPaper(_Paper):
+
+  def _gmp(self, layer, *, rngs, use_running_average, activation, fields):
+    if activation is not None and not callable(activation):
+      raise TypeError(f'{type(self).__name__}: activation must be a function (e.g. nnx.relu) or '
+                      f'None for linear, got {activation!r}.')
+    self.activation = activation
+    self.dtype = fields['dtype']
+    fields = _Fields(features=layer.out_features, **fields)
+    method = gmp.paper_method(fields, math.prod(layer.kernel.shape[:-1]))
+    self._build(layer, method, rngs, use_running_average)
+
+  def __call__(self, inputs, use_running_average: bool | None = None):
+    """`scale * act(u^T x + lam)` (IMN first when enabled)."""
+    y = self._forward(inputs, use_running_average)
+    if self.activation is not None:
+      y = self.activation(y)
+    y, scale = nnx.nn.dtypes.promote_dtype((y, self.scale[...]), dtype=self.dtype)
+    return scale * y
+
+
+class _Fields:
+  def __init__(self, **fields):
+    self.__dict__.update(fields)
+
+
+def _gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init, lam_init, scale_init,
+                glorot_scale):
+  return dict(input_mean_norm=input_mean_norm, momentum=momentum, axis_name=axis_name,
+              dtype=dtype, theta_init=theta_init, lam_init=lam_init, scale_init=scale_init, glorot_scale=glorot_scale)
+
+
+def _check_sizes(name, in_features, out_features):
+  _check_positive(name, 'in_features', in_features)
+  if (isinstance(out_features, bool) or not isinstance(out_features, numbers.Integral)
+      or out_features < 1):
+    raise ValueError(f'{name}: features must be a positive integer, got {out_features!r}.')
+
+
+def _tuple(kernel_size):
+  return (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(kernel_size)
+
+
+class GmPLinear(_GmPPaper):
+  """`scale * act(u(theta)^T x + lam)`: `geoparam.GmPDense` as a native NNX module.
+
+  `GmPLinear(in_features, out_features, *, rngs, **fields)`; fields as
+  `geoparam.GmPDense` (`activation`, `input_mean_norm`, `momentum`, `axis_name`,
+  `dtype`, `param_dtype`, `precision`, `theta_init`, `lam_init`, `scale_init`,
+  `glorot_scale`). State: `theta (in_features - 1, out_features)`, `lam`,
+  `scale` (+ `sign` at in_features 1), and with IMN `input_mean_norm['mean']`.
+  """
+
+  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs,
+               use_running_average: bool | None = False, activation=nn.relu,
+               input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
+               dtype=None, param_dtype=jnp.float32, precision=None,
+               theta_init=initializers.sphere_uniform(), lam_init=nn.initializers.zeros,
+               scale_init=None, glorot_scale: bool = False):
+    _check_sizes('GmPLinear', in_features, out_features)
+    layer = nnx.Linear(in_features, out_features, dtype=dtype, param_dtype=param_dtype,
+                       precision=precision, kernel_init=nnx.initializers.zeros,
+                       rngs=nnx.Rngs(0))
+    self.in_features, self.out_features = in_features, out_features
+    self._gmp(layer, rngs=rngs, use_running_average=use_running_average, activation=activation,
+              fields=_gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init,
+                                 lam_init, scale_init, glorot_scale))
+
+
+class GmPConv(_GmPPaper):
+  """`geoparam.GmPConv` as a native NNX module: `GmPConv(in, out, kernel_size, strides, *, rngs)`.
+
+  Fields as `geoparam.GmPConv` (`padding`, `input_dilation`, `kernel_dilation`,
+  `feature_group_count`, `activation`, `input_mean_norm`, ...).
+  """
+
+  def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
+               strides: int | Sequence[int] = 1, *, rngs: nnx.Rngs,
+               use_running_average: bool | None = False, padding='SAME', input_dilation=1,
+               kernel_dilation=1, feature_group_count: int = 1, activation=nn.relu,
+               input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
+               dtype=None, param_dtype=jnp.float32, precision=None,
+               theta_init=initializers.sphere_uniform(), lam_init=nn.initializers.zeros,
+               scale_init=None, glorot_scale: bool = False):
+    _check_sizes('GmPConv', in_features, out_features)
+    kernel_size = _tuple(kernel_size)
+    layer = nnx.Conv(in_features, out_features, kernel_size, strides, padding=padding,
+                     input_dilation=input_dilation, kernel_dilation=kernel_dilation,
+                     feature_group_count=feature_group_count, dtype=dtype,
+                     param_dtype=param_dtype, precision=precision,
+                     kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0))
+    self.in_features, self.out_features, self.kernel_size = in_features, out_features, kernel_size
+    self._gmp(layer, rngs=rngs, use_running_average=use_running_average, activation=activation,
+              fields=_gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init,
+                                 lam_init, scale_init, glorot_scale))
+
+
+class _ConstrainedPaper(_Paper):
+  """LCW/CWN paper-form layers: the method around a plain NNX layer built from the fields."""
+
+  def __call__(self, inputs):
+    """Applies the layer with the method's kernel and bias."""
+    return self._forward(inputs, None)
+
+
+def _linear(cls_name, in_features, out_features, use_bias, dtype, param_dtype, precision):
+  _check_sizes(cls_name, in_features, out_features)
+  return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
+                    param_dtype=param_dtype, precision=precision,
+                    kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0))
+
+
+def _conv(cls_name, in_features, out_features, kernel_size, strides, padding, input_dilation,
+          kernel_dilation, feature_group_count, use_bias, dtype, param_dtype, precision):
+  _check_sizes(cls_name, in_features, out_features)
+  return nnx.Conv(in_features, out_features, _tuple(kernel_size), strides, padding=padding,
+                  input_dilation=input_dilation, kernel_dilation=kernel_dilation,
+                  feature_group_count=feature_group_count, use_bias=use_bias, dtype=dtype,
+                  param_dtype=param_dtype, precision=precision,
+                  kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0))
+
+
+_LECUN = nnx.initializers.lecun_normal()
+_ZEROS = nnx.initializers.zeros
+
+
+class LCWLinear(_ConstrainedPaper):
+  """`geoparam.LCWDense` (kernel `B v`, columns sum to zero) as an NNX module; state `v`, `bias`."""
+
+  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs | None = None,
+               use_bias: bool = True, dtype=None, param_dtype=jnp.float32, precision=None,
+               kernel_init=_LECUN, bias_init=_ZEROS):
+    layer = _linear('LCWLinear', in_features, out_features, use_bias, dtype, param_dtype,
+                    precision)
+    self.in_features, self.out_features = in_features, out_features
+    self._build(layer, methods.get('lcw'), rngs, None, kernel_init, bias_init, use_bias)
+
+
+class LCWConv(_ConstrainedPaper):
+  """`geoparam.LCWConv` as an NNX module; state `v (fan_in - 1, out)`, `bias`."""
+
+  def __init__(self, in_features: int, out_features: int, kernel_size, strides=1, *,
+               rngs: nnx.Rngs | None = None, padding='SAME', input_dilation=1,
+               kernel_dilation=1, feature_group_count: int = 1, use_bias: bool = True,
+               dtype=None, param_dtype=jnp.float32, precision=None, kernel_init=_LECUN,
+               bias_init=_ZEROS):
+    layer = _conv('LCWConv', in_features, out_features, kernel_size, strides, padding,
+                  input_dilation, kernel_dilation, feature_group_count, use_bias, dtype,
+                  param_dtype, precision)
+    self.in_features, self.out_features = in_features, out_features
+    self._build(layer, methods.get('lcw'), rngs, None, kernel_init, bias_init, use_bias)
+
+
+class CWNLinear(_ConstrainedPaper):
+  """`geoparam.CWNDense` (centred weight normalization) in NNX; `kernel`, `scale`, `bias`."""
+
+  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs | None = None,
+               use_bias: bool = True, dtype=None, param_dtype=jnp.float32, precision=None,
+               kernel_init=_LECUN, bias_init=_ZEROS, scale_init=nnx.initializers.ones,
+               epsilon: float = 1e-12):
+    layer = _linear('CWNLinear', in_features, out_features, use_bias, dtype, param_dtype,
+                    precision)
+    self.in_features, self.out_features = in_features, out_features
+    self._build(layer, methods.get('cwn', scale_init=scale_init, epsilon=epsilon), rngs, None,
+                kernel_init, bias_init, use_bias)
+
+
+class CWNConv(_ConstrainedPaper):
+  """`geoparam.CWNConv` as an NNX module; state `kernel`, `scale`, `bias`."""
+
+  def __init__(self, in_features: int, out_features: int, kernel_size, strides=1, *,
+               rngs: nnx.Rngs | None = None, padding='SAME', input_dilation=1,
+               kernel_dilation=1, feature_group_count: int = 1, use_bias: bool = True,
+               dtype=None, param_dtype=jnp.float32, precision=None, kernel_init=_LECUN,
+               bias_init=_ZEROS, scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
+    layer = _conv('CWNConv', in_features, out_features, kernel_size, strides, padding,
+                  input_dilation, kernel_dilation, feature_group_count, use_bias, dtype,
+                  param_dtype, precision)
+    self.in_features, self.out_features = in_features, out_features
+    self._build(layer, methods.get('cwn', scale_init=scale_init, epsilon=epsilon), rngs, None,
+                kernel_init, bias_init, use_bias)
+
+
+# ----------------------------------------------------------------------------- per-feature modules
+
+class InputMeanNorm(nnx.Module):
+  """IMN: `x - E[x]` per feature; running mean `mean (num_features,)` as `nnx.BatchStat`.
+
+  `InputMeanNorm(num_features, *, momentum=0.99, axis_name=None, use_running_average=False)`.
+  """
+
+  def __init__(self, num_features: int, *, rngs: nnx.Rngs | None = None,
+               use_running_average: bool | None = False, momentum: float = 0.99,
+               axis_name: str | None = None):
+    del rngs
+    _check_positive('InputMeanNorm', 'in_features', num_features)
+    if not 0.0 <= momentum <= 1.0:
+      raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+    self.num_features, self.momentum, self.axis_name = num_features, momentum, axis_name
+    self.use_running_average = use_running_average
+    self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
+
+  def linen_variables(self) -> dict[str, Any]:
+    """The variables in the linen module's layout."""
+    return {'batch_stats': {'mean': self.mean[...]}}
+
+  def __call__(self, x, use_running_average: bool | None = None):
+    """Centres `x (..., num_features)` over all but the last axis."""
+    x = jnp.asarray(x)
+    mean = _running_mean(self.mean, x, _mode(self, use_running_average), self.momentum,
+                         self.axis_name)
+    return x - mean.astype(x.dtype)
+
+
+class MeanOnlyBatchNorm(InputMeanNorm):
+  """`x - E[x] + bias` per feature; `mean` (`nnx.BatchStat`) and `bias` (`nnx.Param`)."""
+
+  def __init__(self, num_features: int, *, rngs: nnx.Rngs | None = None,
+               use_running_average: bool | None = False, momentum: float = 0.99,
+               axis_name: str | None = None, use_bias: bool = True,
+               bias_init=nnx.initializers.zeros, param_dtype=jnp.float32):
+    super().__init__(num_features, use_running_average=use_running_average, momentum=momentum,
+                     axis_name=axis_name)
+    key = rngs.params() if rngs is not None else jax.random.key(0)
+    self.bias = nnx.Param(bias_init(key, (num_features,), param_dtype)) if use_bias else None
+
+  def linen_variables(self) -> dict[str, Any]:
+    out = super().linen_variables()
+    if self.bias is not None:
+      out['params'] = {'bias': self.bias[...]}
+    return out
+
+  def __call__(self, x, use_running_average: bool | None = None):
+    """Centres pre-activations `x (..., num_features)` and adds the bias."""
+    y = super().__call__(x, use_running_average)
+    return y if self.bias is None else y + self.bias[...].astype(y.dtype)
+
+
+class PReLU(nnx.Module):
+  """Parametric ReLU, `negative_slope (num_features,)` (or `()` with `channel_shared=True`)."""
+
+  def __init__(self, num_features: int, *, rngs: nnx.Rngs | None = None,
+               channel_shared: bool = False, negative_slope_init: float = 0.25, dtype=None,
+               param_dtype=jnp.float32):
+    del rngs
+    _check_positive('PReLU', 'in_features', num_features)
+    if not math.isfinite(negative_slope_init):
+      raise ValueError(f'PReLU needs a finite negative_slope_init, got {negative_slope_init}.')
+    shape = () if channel_shared else (num_features,)
+    self.num_features, self.dtype = num_features, dtype
+    self.negative_slope = nnx.Param(jnp.full(shape, negative_slope_init, param_dtype))
+
+  def linen_variables(self) -> dict[str, Any]:
+    """The variables in the linen module's layout."""
+    return {'params': {'negative_slope': self.negative_slope[...]}}
+
+  def __call__(self, x):
+    """Applies PReLU elementwise to `x (..., num_features)`."""
+    x, slope = nnx.nn.dtypes.promote_dtype((jnp.asarray(x), self.negative_slope[...]),
+                                           dtype=self.dtype)
+    return activations.prelu(x, slope)
+
+
+# ----------------------------------------------------------------------------- linen twins
+
+def _hashable(value):
+  if isinstance(value, list):
+    return tuple(_hashable(v) for v in value)
+  return value
+
+
+def linen_twin(layer: nnx.Module, name: str | None = None) -> nn.Module:
+  """The linen layer computing what the NNX `layer` computes (same kernel layout); no params.
+
+  For moving weights between the frameworks (and the tests that compare them).
+
+    >>> from flax import nnx
+    >>> import geoparam.nnx as gnnx
+    >>> gnnx.linen_twin(nnx.Conv(3, 8, (3, 3), rngs=nnx.Rngs(0))).kernel_size
+    (3, 3)
+  """
+  name = name or type(layer).__name__
+  _check_layer(layer, name)
+  common = dict(use_bias=layer.use_bias, dtype=layer.dtype, param_dtype=layer.param_dtype,
+                precision=layer.precision)
+  if isinstance(layer, nnx.Conv):
+    return nn.Conv(layer.out_features, tuple(layer.kernel_size), strides=_hashable(layer.strides),
+                   padding=_hashable(layer.padding),
+                   input_dilation=_hashable(layer.input_dilation),
+                   kernel_dilation=_hashable(layer.kernel_dilation),
+                   feature_group_count=layer.feature_group_count, **common)
+  if isinstance(layer, nnx.LinearGeneral):
+    return nn.DenseGeneral(tuple(layer.out_features), axis=tuple(layer.axis), **common)
+  return nn.Dense(layer.out_features, **common)
+
+
+def example_input(layer: nnx.Module) -> jax.Array:
+  """A small zero input that `layer` accepts (batch 1; shapes of its kernel)."""
+  if isinstance(layer, nnx.Conv):
+    kernel_size = tuple(layer.kernel_size)
+    dilation = layer.kernel_dilation
+    dilation = (dilation,) * len(kernel_size) if isinstance(dilation, int) or dilation is None \
+        else tuple(dilation)
+    spatial = tuple((k - 1) * (d or 1) + 1 for k, d in zip(kernel_size, dilation))
+    return jnp.zeros((1,) + spatial + (layer.in_features,))
+  if isinstance(layer, nnx.LinearGeneral):
+    axes = tuple(layer.axis)
+    ndim = max([len(axes) + 1] + [a + 1 for a in axes if a >= 0] + [-a for a in axes if a < 0])
+    shape = [1] * ndim
+    for a, n in zip(axes, layer.in_features):
+      shape[a] = n
+    return jnp.zeros(shape)
+  return jnp.zeros((1, layer.in_features))

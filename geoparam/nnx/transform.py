@@ -14,15 +14,16 @@
     >>> before = model(x)
     >>> model = gnnx.reparameterize(model, 'gmp', exclude=['head'])
     >>> type(model.hidden).__name__, model.hidden.theta.shape
-    ('GmP', (2, 8))
+    ('Reparam', (2, 8))
     >>> bool(jnp.allclose(model(x), before, atol=1e-5))
     True
     >>> model = gnnx.bake(model)
     >>> type(model.hidden).__name__, bool(jnp.allclose(model(x), before, atol=1e-5))
     ('Linear', True)
 
-The conversion is `geoparam.transform.convert_layer` (the linen transform's):
-BatchNorm folding, IMN calibration and the exactness checks are the same.
+The conversion is `geoparam.transform.convert_layer` (the linen transform's, on
+the method's `convert`): BatchNorm folding, IMN calibration and the exactness
+checks are the same.
 """
 
 from __future__ import annotations
@@ -32,24 +33,14 @@ import math
 from typing import Any
 
 from flax import nnx
-from flax import traverse_util
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import methods
 from geoparam import transform
 from geoparam.nnx import modules
 
-__all__ = ['METHODS', 'DroppedBatchNorm', 'reparameterize', 'bake']
-
-# Method name -> (NNX wrapper class, its preset options); the names of geoparam.transform.METHODS.
-METHODS = {
-  'gmp': (modules.GmP, {}),
-  'gmp_imn': (modules.GmP, {'input_mean_norm': True}),
-  'lcw': (modules.LCW, {}),
-  'cwn': (modules.CWN, {}),
-  'wn': (modules.WN, {}),
-}
-assert set(METHODS) == set(transform.METHODS)
+__all__ = ['DroppedBatchNorm', 'reparameterize', 'bake']
 
 Where = Callable[[nnx.Module, tuple[str, ...]], bool]
 
@@ -145,23 +136,19 @@ def _paths_by_id(node, path=(), out=None, stack=()):
   return out
 
 
-def _check_method(method):
-  if method not in METHODS:
-    raise ValueError(f'method must be one of {tuple(METHODS)}, got {method!r}.')
-
-
-def reparameterize(model: nnx.Module, method: str, *example_args, where: Where | None = None,
+def reparameterize(model: nnx.Module, method: str | methods.Method, *example_args, where: Where | None = None,
                    exclude: Iterable[str] = (), drop_batchnorm: bool = False,
                    use_running_average: bool | None = None, **options):
   """Replaces `model`'s Linear/Conv/LinearGeneral layers by `method`'s wrapper, in place, exactly.
 
-  Each selected layer becomes `geoparam.nnx.GmP(layer)` (or LCW, CWN, WN)
-  holding that layer's current weights converted exactly, so the model's
-  evaluation outputs do not change (float rounding aside).
+  Each selected layer becomes `geoparam.nnx.Reparam(layer, method)` holding that
+  layer's current weights converted exactly, so the model's evaluation outputs
+  do not change (float rounding aside).
 
   Args:
     model: any NNX module (changed in place and returned).
-    method: `'gmp'`, `'gmp_imn'`, `'lcw'`, `'cwn'` or `'wn'`.
+    method: a name in `geoparam.methods.REGISTRY` (`'gmp'`, `'gmp_imn'`, `'lcw'`,
+      `'cwn'`, `'wn'`, ...) or a `geoparam.methods.Method`.
     *example_args: an example batch for `model(*example_args)`; needed for
       `drop_batchnorm` (to see which layer feeds each BatchNorm) and to start
       IMN's running mean at the batch mean (else it starts at 0, also exact).
@@ -172,19 +159,16 @@ def reparameterize(model: nnx.Module, method: str, *example_args, where: Where |
     use_running_average: the new wrappers' train/eval mode (IMN); None takes the
       model's: that of its first module with this attribute (e.g. a BatchNorm),
       else True (evaluation). `model.train()`/`model.eval()` switch it later.
-    **options: wrapper options (`momentum`, `axis_name`, `epsilon`, ...).
+    **options: the method's options (`momentum`, `axis_name`, `epsilon`, ...).
 
   Returns:
     `model`. Raises ValueError naming the layer when no exact form exists (see
     `geoparam.transform.to_reparameterized`).
   """
-  _check_method(method)
   if isinstance(exclude, str):
     exclude = (exclude,)
   exclude = tuple(exclude)
-  cls, preset = METHODS[method]
-  cfg = transform._config(method, options)  # unknown options fail here, before any change
-  options = {**preset, **options}
+  method = methods.get(method, **options)  # unknown methods and options fail before any change
   nodes = list(nnx.iter_graph(model))
   layers = {p: n for p, n in nodes if isinstance(n, modules.LAYER_TYPES)
             and _selected(n, p, where, exclude)}
@@ -224,43 +208,21 @@ def reparameterize(model: nnx.Module, method: str, *example_args, where: Where |
   converted = {}
   for path, layer in layers.items():
     name = f'layer {_name(path)}'
-    twin = modules.linen_twin(layer, name)
     inputs = calls[path][0] if path in calls else modules.example_input(layer)
     kernel = layer.kernel[...]
     bias = layer.bias[...] if layer.use_bias else None
-    stored, mean = transform.convert_layer(method, cfg, twin, kernel, bias, inputs, path,
+    stored, mean = transform.convert_layer(method, layer, kernel, bias, inputs, path,
                                            folds.get(path))
-    wrapper_options = dict(options)
-    if cls is modules.GmP:
-      wrapper_options['initialization'] = 'layer'
-    if not layer.use_bias and 'bias' in stored and cls is not modules.GmP:
-      raise ValueError(f'{name} has use_bias=False, but the folded BatchNorm needs a bias.')
-    wrapper = cls(layer, use_running_average=use_running_average, **wrapper_options)
-    variables = {'params': stored}
+    wrapper = modules.Reparam(layer, method, use_running_average=use_running_average,
+                              params=stored)
     if mean is not None:
-      variables['batch_stats'] = {'input_mean_norm': {'mean': mean}}
-    _load(wrapper, variables, name)
+      wrapper.input_mean_norm['mean'][...] = jnp.asarray(mean)
     converted[path] = wrapper
   for path, wrapper in converted.items():
     _replace(model, path, wrapper)
   for bn_path, producer in dropped.items():
     _replace(model, bn_path, DroppedBatchNorm(norms[bn_path], producer))
   return model
-
-
-def _load(wrapper: modules.LinenBacked, variables, name):
-  """Sets the wrapper's variables to `variables` (same names and shapes)."""
-  flat = traverse_util.flatten_dict(variables)
-  paths = set(wrapper.variable_paths)
-  if set(flat) != paths:
-    raise ValueError(f'{name}: converted variables {sorted(flat)} do not match the wrapper\'s '
-                     f'{sorted(paths)}.')
-  for path, value in flat.items():
-    var = wrapper._variable_at(path[1:])
-    if tuple(jnp.shape(value)) != tuple(var.shape):
-      raise ValueError(f'{name}: {"/".join(path)} has shape {jnp.shape(value)}, expected '
-                       f'{var.shape}.')
-    var[...] = jnp.asarray(value, var.dtype)
 
 
 def bake(model: nnx.Module, *, approximate_borders: bool = False):
@@ -277,7 +239,7 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
   nodes = list(nnx.iter_graph(model))
   plain, biases = {}, {}
   for path, node in nodes:
-    if isinstance(node, modules._Wrapper):
+    if isinstance(node, modules.Reparam):
       layer, bias = node.plain_layer(approximate_borders=approximate_borders,
                                      carry_bias=any(
                                          isinstance(n, DroppedBatchNorm) and n.producer == path
