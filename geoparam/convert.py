@@ -40,7 +40,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from geoparam.methods import gmp as gmp_method

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
-import math
 import numbers
 
 import flax.linen as nn

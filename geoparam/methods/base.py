@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
-           'check_zero_sum', 'check_bias_free']
+           'check_zero_sum', 'with_layer_bias']
 
 Shape = tuple[int, ...]
 Initializer = Callable[..., jax.Array]
@@ -144,8 +144,12 @@ def check_zero_sum(name: str, w: np.ndarray) -> None:
         'Convert a model trained with zero-sum kernels, or train the reparameterized model.')
 
 
-def check_bias_free(bias: np.ndarray) -> None:
-  """A layer without a bias: raises unless `bias` (e.g. of a folded BatchNorm) is zero."""
+def with_layer_bias(params: dict, bias: np.ndarray, dtype, use_bias: bool) -> dict:
+  """`params` plus the layer's own `bias` in `dtype` (for `convert`); a layer without one
+  (`use_bias=False`) raises unless `bias` (e.g. of a folded BatchNorm) is zero."""
+  if use_bias:
+    return {**params, 'bias': jax.numpy.asarray(bias, dtype)}
   if np.any(bias != 0):
     raise ValueError('has use_bias=False, but the folded BatchNorm needs a bias: set '
                      'use_bias=True in the model.')
+  return params

@@ -54,12 +54,8 @@ def _apply(params, kernel_shape):
 def _convert(kernel, bias, dtype, use_bias):
   w = kernel.reshape(-1, kernel.shape[-1])
   base.check_zero_sum('LCW', w)
-  out = {'v': jnp.asarray(v_from_kernel(jnp.asarray(w)), dtype)}
-  if use_bias:
-    out['bias'] = jnp.asarray(bias, dtype)
-  else:
-    base.check_bias_free(bias)
-  return out
+  return base.with_layer_bias({'v': jnp.asarray(v_from_kernel(jnp.asarray(w)), dtype)}, bias,
+                              dtype, use_bias)
 
 
 def _bake(params, kernel_shape):

@@ -61,13 +61,10 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
     if zero_sum:
       base.check_zero_sum(name.upper(), w)
     # scale * k / sqrt(|k|^2 + eps) with k = w: scale = sqrt(|w|^2 + eps)
-    out = {'kernel': jnp.asarray(kernel, dtype),
-           'scale': jnp.asarray(np.sqrt(np.sum(w * w, axis=0) + epsilon), dtype)}
-    if use_bias:
-      out['bias'] = jnp.asarray(bias, dtype)
-    else:
-      base.check_bias_free(bias)
-    return out
+    return base.with_layer_bias(
+        {'kernel': jnp.asarray(kernel, dtype),
+         'scale': jnp.asarray(np.sqrt(np.sum(w * w, axis=0) + epsilon), dtype)},
+        bias, dtype, use_bias)
 
   def bake(params, kernel_shape):
     del kernel_shape

@@ -27,7 +27,7 @@ Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import math
 import numbers
 from typing import Any

@@ -207,7 +207,6 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     dropped[bn_path] = producer[0]
   converted = {}
   for path, layer in layers.items():
-    name = f'layer {_name(path)}'
     inputs = calls[path][0] if path in calls else modules.example_input(layer)
     kernel = layer.kernel[...]
     bias = layer.bias[...] if layer.use_bias else None
