@@ -244,8 +244,14 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   dtype = layer.param_dtype
   layer_init = methods.Layer(layer.kernel_init, getattr(layer, 'bias_init', None),
                              getattr(layer, 'use_bias', True))
-  box = lambda: _box_of(jax.eval_shape(lambda k: layer.kernel_init(k, kernel_shape, dtype),
-                                       jax.random.key(0)))
+  boxes = []
+
+  def box():  # the kernel's partitioning metadata, traced once, only while creating
+    if not boxes:
+      boxes.append(_box_of(jax.eval_shape(lambda k: layer.kernel_init(k, kernel_shape, dtype),
+                                          jax.random.key(0))))
+    return boxes[0]
+
   input_mean = None
   if method.imn is not None:
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
