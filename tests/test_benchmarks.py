@@ -69,8 +69,9 @@ def test_interleaved_times_every_thunk_in_turns():
 def test_eager_benchmark_runs_on_tiny_shapes_and_writes_json(tmp_path):
   from benchmarks import eager
   out = tmp_path / 'eager.json'
-  rows = eager.run(['GmPDense', 'GmP(Conv)'], tiny=True, repeats=2, out=str(out))
-  assert [r['case'] for r in rows] == ['GmPDense', 'GmP(Conv)']
+  names = ['GmPDense', 'GmP(Conv)', 'nnx:GmPLinear+IMN', 'nnx:GmP(Conv)']  # linen and NNX
+  rows = eager.run(names, tiny=True, repeats=2, out=str(out))
+  assert [r['case'] for r in rows] == names
   for row in rows:
     for what in ('init', 'apply'):
       assert row[f'layer_{what}_ms'] > 0 and row[f'baseline_{what}_ms'] > 0
