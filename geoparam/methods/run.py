@@ -118,11 +118,11 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
     flat = jnp.dot(mean.astype(kernel.dtype), kernel.reshape(-1, kernel_shape[-1]),
                    precision=ops.precision)
     return ops.run(cast(kernel), cast(bias - flat), inputs)
-  # conv(x - mu) = conv(x) - conv(mu * 1): (F,) in the bias, plus a correction at the output
-  # positions whose windows hold padded zeros (exact at the borders).
+  # conv(x - mu) = conv(x) - conv(mu * 1): (F,) in the bias, minus a correction at the output
+  # positions whose windows hold padded zeros (exact at the borders), then the bias.
   num_spatial = len(kernel_shape) - 2
   mask = ops.tap_mask(tuple(inputs.shape[-num_spatial - 1:-1]))
   kernel = cast(kernel)
   flat, positions, correction = conv.split(mask, kernel, mean, ops.precision, ops.kernel_mask)
-  y = ops.run(kernel, cast(bias - flat), inputs)
-  return conv.subtract_at(y, positions, correction.astype(dtype), num_spatial)
+  y = conv.subtract_at(ops.run(kernel, None, inputs), positions, correction, num_spatial)
+  return y + cast(bias - flat).astype(y.dtype)
