@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-import geoparam
 from geoparam import schedules
 from geoparam import variance
 from experiments import cifar_arrays
@@ -76,18 +75,21 @@ class WNDense(nn.Module):
 
 
 SCALED_PARAMS = {**variance.SCALED_PARAMS, WNDense: 'scale'}
+# This study's 'wn' weight kind (for `models.layer`): WNDense, its variables in `layer_{i}`.
+WEIGHT_KINDS = {'wn': models.WeightKind(
+    lambda x, a: WNDense(a.features, kernel_init=a.kernel_init, name=a.name)(x))}
 
 
 class DeepMLP(nn.Module):
   """`depth` hidden layers of `width` units with `activation`, then `num_classes` logits.
 
-  `method`'s row of `models.PARAMETERIZATIONS` picks the weight layer (plain
-  Dense, LCWDense, WNDense, CWNDense, SpectralNorm(Dense)), used for every layer
-  including the output one, and the normalization: BN on the hidden
-  pre-activations (`bn`, `bn_lcw`), SL on the hidden activations (`sl`). Not
-  `models.layer`: this study's WN is `WNDense` (for the data-dependent init),
-  the output layer is reparameterized too, and the layer names (`layer_{i}`,
-  `bn_{i}`, `sl_{i}`) are those of the published runs.
+  Every layer is `models.layer` of `method` (a row of `models.PARAMETERIZATIONS`):
+  the weight layer (plain Dense, LCWDense, WNDense (`WEIGHT_KINDS`), CWNDense,
+  SpectralNorm(Dense)), Glorot-initialized (CWN's kernel too), BN on the hidden
+  pre-activations (`bn`, `bn_lcw`), SL on the hidden activations (`sl`). The
+  output layer is reparameterized too (`models.weights`, with a bias). The
+  layer names (`layer_{i}`, `bn_{i}`, `sl_{i}`, `layer_{i}_sn`) are those of
+  the published runs.
   """
 
   method: str
@@ -100,34 +102,17 @@ class DeepMLP(nn.Module):
   def __call__(self, x, train: bool = False):
     if self.method not in METHODS:
       raise ValueError(f'unknown method {self.method!r}; accepted: {", ".join(METHODS)}.')
-    row = models.PARAMETERIZATIONS[self.method]
     glorot = nn.initializers.glorot_uniform()
     x = x.reshape(x.shape[0], -1)
-    for i in range(self.depth + 1):
-      last = i == self.depth
-      features = self.num_classes if last else self.width
-      use_bias = last or row.norm != 'bn'
-      name = f'layer_{i}'
-      if row.weights == 'lcw':
-        x = geoparam.LCWDense(features, use_bias=use_bias, kernel_init=glorot, name=name)(x)
-      elif row.weights == 'wn':
-        x = WNDense(features, name=name)(x)
-      elif row.weights == 'cwn':
-        x = geoparam.CWNDense(features, kernel_init=glorot, name=name)(x)
-      elif row.weights == 'sn':
-        dense = nn.Dense(features, kernel_init=glorot, name=name)
-        x = nn.SpectralNorm(dense, name=f'{name}_sn')(x, update_stats=train)
-      else:
-        x = nn.Dense(features, use_bias=use_bias, kernel_init=glorot, name=name)(x)
-      if last:
-        break
-      if row.norm == 'bn':
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, name=f'bn_{i}')(x)
-      x = self.activation(x)
-      if row.norm == 'sl':
-        x = geoparam.StandardizationLayer(use_running_average=not train, momentum=0.9,
-                                          name=f'sl_{i}')(x)
-    return x
+    for i in range(self.depth):
+      x = models.layer(x, self.method, self.width, name=f'layer_{i}', train=train,
+                       activation=self.activation, kernel_init=glorot, cwn_kernel_init=glorot,
+                       momentum=0.9, names={'bn': f'bn_{i}', 'sl': f'sl_{i}'},
+                       weight_kinds=WEIGHT_KINDS)
+    kind = models.PARAMETERIZATIONS[self.method].weights
+    return models.weights(x, WEIGHT_KINDS.get(kind, kind), self.num_classes,
+                          name=f'layer_{self.depth}', train=train, kernel_init=glorot,
+                          cwn_kernel_init=glorot)
 
 
 def init_variables(model: DeepMLP, key, x_batch):

@@ -1,9 +1,12 @@
 """Models of the studies, with the parameterization chosen by name.
 
 `PARAMETERIZATIONS` is the one table of methods (name -> weight layer and
-normalization) and `layer` builds a hidden layer from a row; every model here
-uses it. Adding a method is adding a row (and, for a new kind of weight layer
-or normalization, its branch in `layer`).
+normalization) and `layer` builds a hidden layer from a row; every study model
+uses it (`MLP`, `CNN` here, `vision_models`, `deep_sigmoid_mlp`). The weight
+layer of a row is one lookup in `WEIGHTS` (geoparam's layers, flax's
+WeightNorm/SpectralNorm), its normalization one in `PRE_ACTIVATION` /
+`POST_ACTIVATION`. Adding a method is adding a row (and, for a new kind of
+weight layer or normalization, its row in those tables).
 
 Methods of `MLP` and `CNN` (paper 002, `METHODS`): `sp` (plain Dense), `wn` (weight normalization),
 `wn_mbn` (WN + mean-only batch norm on pre-activations), `bn` (batch norm on
@@ -20,8 +23,8 @@ defaults); BN uses Keras' epsilon 1e-3 and momentum 0.99.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -39,9 +42,10 @@ class Method:
   """A parameterization: the weight layer and the normalization that follows it.
 
   Attributes:
-    weights: 'plain' (nn.Dense / nn.Conv), 'wn' (nn.WeightNorm of it), 'gmp'
-      (geoparam.GmPDense / GmPConv, the ReLU included), 'lcw' (LCWDense /
-      LCWConv), 'cwn' (CWNDense / CWNConv) or 'sn' (nn.SpectralNorm of it).
+    weights: a key of `WEIGHTS`: 'plain' (nn.Dense / nn.Conv), 'wn' (nn.WeightNorm
+      of it), 'gmp' (geoparam.GmPDense / GmPConv, the ReLU included), 'lcw'
+      (LCWDense / LCWConv), 'cwn' (CWNDense / CWNConv) or 'sn' (nn.SpectralNorm
+      of it).
     norm: None, 'bn' (BatchNorm on the pre-activations), 'mbn' (mean-only BN on
       the pre-activations), 'imn' (GmP's input mean normalization, every hidden
       layer after the first) or 'sl' (standardization of the activations).
@@ -83,59 +87,155 @@ def check_methods(methods: Sequence[str], accepted: Sequence[str] = METHODS
   return methods
 
 
-def layer(x, method: str, features: int, *, name: str, train: bool, first: bool = False,
-          activation=nn.relu, kernel_size=None, padding='SAME', strides=1,
-          kernel_init=glorot, momentum: float = 0.99, bn_epsilon: float = 1e-5,
-          glorot_scale: bool = False, dtype=None, param_dtype=jnp.float32):
-  """One hidden layer of `method` (a row of `PARAMETERIZATIONS`) on `x`: weights, normalization, activation.
+class LayerArgs(NamedTuple):
+  """What a weight kind and a normalization are built from (`layer`'s and `weights`' arguments)."""
+  features: int
+  name: str
+  train: bool
+  conv: dict  # kernel_size, strides, padding of a conv; {} for a dense layer
+  use_bias: bool = True
+  kernel_init: Any = glorot
+  cwn_kernel_init: Any = None  # None: CWNDense/CWNConv's own (lecun normal)
+  names: Mapping[str, str] = {}
+  activation: Any = None  # GmP's own (applied inside its paper-form layer)
+  imn: bool = False
+  momentum: float = 0.99
+  bn_epsilon: float = 1e-5
+  glorot_scale: bool = False
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
 
-  Dense when `kernel_size` is None, else a conv. Submodules are named `name`
-  (the weight layer), `{name}_wn`/`{name}_sn` (its wrapper), `{name}_bn`,
-  `{name}_mbn`, `{name}_sl`. GmP applies its own ReLU (`activation` must be
-  nn.relu); `first` turns IMN off (the first layer sees the raw inputs).
+  def part(self, kind: str) -> str:
+    """Name of the wrapper or normalization `kind` ('wn', 'sn', 'bn', 'mbn', 'sl') of the layer."""
+    return self.names.get(kind, f'{self.name}_{kind}')
+
+
+def _layer(a: LayerArgs, dense, conv, **fields):
+  """`dense` or `conv` (as `a.conv` says) with the layer's features, shape, dtypes and name."""
+  return (conv if a.conv else dense)(a.features, dtype=a.dtype, param_dtype=a.param_dtype,
+                                     name=a.name, **a.conv, **fields)
+
+
+def _linear(a: LayerArgs):
+  """The plain nn.Dense / nn.Conv of the layer (its bias and kernel init)."""
+  return _layer(a, nn.Dense, nn.Conv, use_bias=a.use_bias, kernel_init=a.kernel_init)
+
+
+class WeightKind(NamedTuple):
+  """How a weight kind is built: `build(x, args) -> y`; `activates`: the layer applies the
+  activation itself (GmP's paper form, `scale * relu(u^T x + lam)`)."""
+  build: Callable[[jax.Array, LayerArgs], jax.Array]
+  activates: bool = False
+
+
+# Weight kind (a row's `weights`) -> its layer, from geoparam (paper-form layers) and flax
+# (WeightNorm, SpectralNorm). `weights` looks it up; a new kind is a row here.
+WEIGHTS = {
+    'plain': WeightKind(lambda x, a: _linear(a)(x)),
+    'wn': WeightKind(lambda x, a: nn.WeightNorm(  # gain in `{name}_wn` (flax)
+        _linear(a), param_dtype=a.param_dtype, name=a.part('wn'))(x)),
+    'sn': WeightKind(lambda x, a: nn.SpectralNorm(
+        _linear(a), param_dtype=a.param_dtype, name=a.part('sn'))(x, update_stats=a.train)),
+    'lcw': WeightKind(lambda x, a: _layer(a, geoparam.LCWDense, geoparam.LCWConv,
+                                          use_bias=a.use_bias, kernel_init=a.kernel_init)(x)),
+    'cwn': WeightKind(lambda x, a: _layer(
+        a, geoparam.CWNDense, geoparam.CWNConv, use_bias=a.use_bias,
+        **({} if a.cwn_kernel_init is None else {'kernel_init': a.cwn_kernel_init}))(x)),
+    'gmp': WeightKind(lambda x, a: _layer(
+        a, geoparam.GmPDense, geoparam.GmPConv, activation=a.activation, input_mean_norm=a.imn,
+        momentum=a.momentum, glorot_scale=a.glorot_scale)(x, use_running_average=not a.train),
+                      activates=True),
+}
+# Normalizations (a row's `norm`) on the pre-activations and on the activations; 'imn' is GmP's.
+PRE_ACTIVATION = {
+    'bn': lambda x, a: nn.BatchNorm(momentum=a.momentum, epsilon=a.bn_epsilon, dtype=a.dtype,
+                                    param_dtype=a.param_dtype, name=a.part('bn'))(
+                                        x, use_running_average=not a.train),
+    'mbn': lambda x, a: geoparam.MeanOnlyBatchNorm(
+        momentum=a.momentum, param_dtype=a.param_dtype, name=a.part('mbn'))(
+            x, use_running_average=not a.train),
+}
+POST_ACTIVATION = {
+    'sl': lambda x, a: geoparam.StandardizationLayer(
+        use_running_average=not a.train, momentum=a.momentum, name=a.part('sl'))(x),
+}
+# Wrapper and normalization parts named by their kind alone ('wn', 'bn', ...), for a layer that
+# is a module of its own (vision_models' ConvUnit and WeightLayer).
+PART_NAMES = {kind: kind for kind in ('wn', 'sn', 'bn', 'mbn', 'sl')}
+
+
+def _conv(kernel_size, padding, strides) -> dict:
+  return {} if kernel_size is None else dict(kernel_size=kernel_size, padding=padding,
+                                             strides=strides)
+
+
+def _kind(kind: str | WeightKind) -> WeightKind:
+  """`kind` itself (a study's own `WeightKind`) or its row of `WEIGHTS`."""
+  if isinstance(kind, WeightKind):
+    return kind
+  if kind not in WEIGHTS:
+    raise ValueError(f'unknown weight kind {kind!r}; accepted: {", ".join(WEIGHTS)}.')
+  return WEIGHTS[kind]
+
+
+def weights(x, kind: str | WeightKind, features: int, *, name: str, train: bool,
+            use_bias: bool = True, kernel_size=None, padding='SAME', strides=1,
+            kernel_init=glorot, cwn_kernel_init=None, names: Mapping[str, str] | None = None,
+            dtype=None, param_dtype=jnp.float32):
+  """The weight layer of `kind` (a key of `WEIGHTS`, or a study's own `WeightKind`) alone on `x`.
+
+  No normalization and no activation (GmP: its linear form). Dense when
+  `kernel_size` is None, else a conv. The layer is named `name`, its wrapper
+  `{name}_wn` / `{name}_sn` unless `names` maps the part ('wn': ...).
+  `cwn_kernel_init`: CWN's kernel init (None: CWN's own, lecun normal).
   Call it inside a module's `@nn.compact` method.
   """
+  return _kind(kind).build(x, LayerArgs(
+      features, name, train, _conv(kernel_size, padding, strides), use_bias=use_bias,
+      kernel_init=kernel_init, cwn_kernel_init=cwn_kernel_init, names=dict(names or {}),
+      dtype=dtype, param_dtype=param_dtype))
+
+
+def layer(x, method: str, features: int, *, name: str, train: bool, first: bool = False,
+          activation=nn.relu, kernel_size=None, padding='SAME', strides=1,
+          kernel_init=glorot, cwn_kernel_init=None, momentum: float = 0.99,
+          bn_epsilon: float = 1e-5, glorot_scale: bool = False,
+          names: Mapping[str, str] | None = None,
+          weight_kinds: Mapping[str, str | WeightKind] | None = None,
+          dtype=None, param_dtype=jnp.float32):
+  """One hidden layer of `method` (a `PARAMETERIZATIONS` row) on `x`: weights, norm, activation.
+
+  The one factory of the studies' hidden layers (`MLP`, `CNN`, `vision_models`,
+  `deep_sigmoid_mlp`): the row's weight kind is looked up in `WEIGHTS`, its
+  normalization in `PRE_ACTIVATION` / `POST_ACTIVATION`. Dense when
+  `kernel_size` is None, else a conv. Submodules are named `name` (the weight
+  layer), `{name}_wn`/`{name}_sn` (its wrapper), `{name}_bn`, `{name}_mbn`,
+  `{name}_sl`, or as `names` maps the part ('bn': 'bn_3', ...). The weight
+  layer has a bias unless BN/MBN follows. GmP applies its own ReLU
+  (`activation` must be nn.relu, or None for a linear GmP layer); `first` turns
+  IMN off (the first layer sees the raw inputs); `activation=None`: no
+  activation. `weight_kinds` replaces row kinds for one model (a `WEIGHTS` key
+  or a `WeightKind`: deep_sigmoid_mlp's 'wn'). Call it inside a module's
+  `@nn.compact` method.
+  """
   m = PARAMETERIZATIONS[method]
-  ura = not train
-  if m.weights == 'gmp':
-    if activation is not nn.relu:
-      raise ValueError(f'method {method!r} is a ReLU layer; activation must be nn.relu.')
-    imn = m.norm == 'imn' and not first
-    if kernel_size is None:
-      return geoparam.GmPDense(features, input_mean_norm=imn, glorot_scale=glorot_scale,
-                               momentum=momentum, dtype=dtype, param_dtype=param_dtype,
-                               name=name)(x, use_running_average=ura)
-    return geoparam.GmPConv(features, kernel_size=kernel_size, padding=padding, strides=strides,
-                            input_mean_norm=imn, momentum=momentum, dtype=dtype,
-                            param_dtype=param_dtype, name=name)(x, use_running_average=ura)
-  args = dict(use_bias=m.norm not in ('bn', 'mbn'), dtype=dtype, param_dtype=param_dtype,
-              name=name)
-  if kernel_size is not None:
-    args.update(kernel_size=kernel_size, padding=padding, strides=strides)
-  conv = kernel_size is not None
-  if m.weights == 'lcw':
-    x = (geoparam.LCWConv if conv else geoparam.LCWDense)(features, kernel_init=kernel_init,
-                                                          **args)(x)
-  elif m.weights == 'cwn':
-    x = (geoparam.CWNConv if conv else geoparam.CWNDense)(features, **args)(x)
-  else:
-    dense = (nn.Conv if conv else nn.Dense)(features, kernel_init=kernel_init, **args)
-    if m.weights == 'plain':
-      x = dense(x)
-    elif m.weights == 'wn':
-      x = nn.WeightNorm(dense, param_dtype=param_dtype, name=f'{name}_wn')(x)
-    else:
-      x = nn.SpectralNorm(dense, param_dtype=param_dtype, name=f'{name}_sn')(x, update_stats=train)
-  if m.norm == 'bn':
-    x = nn.BatchNorm(momentum=momentum, epsilon=bn_epsilon, dtype=dtype, param_dtype=param_dtype,
-                     name=f'{name}_bn')(x, use_running_average=ura)
-  elif m.norm == 'mbn':
-    x = geoparam.MeanOnlyBatchNorm(momentum=momentum, param_dtype=param_dtype,
-                                   name=f'{name}_mbn')(x, use_running_average=ura)
-  x = activation(x)
-  if m.norm == 'sl':
-    x = geoparam.StandardizationLayer(use_running_average=ura, momentum=momentum,
-                                      name=f'{name}_sl')(x)
+  kind = _kind((weight_kinds or {}).get(m.weights, m.weights))
+  if kind.activates and activation not in (nn.relu, None):
+    raise ValueError(f'method {method!r} is a ReLU layer; activation must be nn.relu (or None).')
+  a = LayerArgs(features, name, train, _conv(kernel_size, padding, strides),
+                use_bias=m.norm not in PRE_ACTIVATION, kernel_init=kernel_init,
+                cwn_kernel_init=cwn_kernel_init, names=dict(names or {}), activation=activation,
+                imn=m.norm == 'imn' and not first, momentum=momentum, bn_epsilon=bn_epsilon,
+                glorot_scale=glorot_scale, dtype=dtype, param_dtype=param_dtype)
+  x = kind.build(x, a)
+  if kind.activates:
+    return x
+  if m.norm in PRE_ACTIVATION:
+    x = PRE_ACTIVATION[m.norm](x, a)
+  if activation is not None:
+    x = activation(x)
+  if m.norm in POST_ACTIVATION:
+    x = POST_ACTIVATION[m.norm](x, a)
   return x
 
 

@@ -27,7 +27,9 @@ VGG19 / pre-activation ResNet18 for CIFAR (paper 003 Table 1), each with a `para
   only when no BN follows.
 
 Every model: a `width` multiplier on all channel counts (`round(c * width)`,
-at least 1) for reduced runs, and a plain `nn.Dense` output named `out`.
+at least 1) for reduced runs, and a plain `nn.Dense` output named `out`. Its
+parameterized layers come from the studies' one factory, `models.layer`
+(`ConvUnit`) and its weight part `models.weights` (`WeightLayer`).
 Layers are named alike across parameterizations (`conv` inside each unit), so
 `geoparam.convert.sp_to_gmp` maps an `sp` checkpoint onto `gmp`.
 
@@ -44,7 +46,6 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-import geoparam
 from experiments import models
 
 RESNET_PARAMETERIZATIONS = models.METHODS
@@ -129,27 +130,11 @@ class ConvUnit(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = False):
     p = check_parameterization(self.parameterization, models.METHODS)
-    ura = not train
-    common = dict(kernel_size=tuple(self.kernel_size), strides=tuple(self.strides),
-                  padding=self.padding, dtype=self.dtype, param_dtype=self.param_dtype)
-    if p in ('gmp', 'gmp_imn'):
-      return geoparam.GmPConv(
-          self.features, activation=nn.relu if self.relu else None,
-          input_mean_norm=p == 'gmp_imn' and self.intermediate, momentum=self.bn_momentum,
-          name='conv', **common)(x, use_running_average=ura)
-    if p == 'sp':
-      y = nn.Conv(self.features, kernel_init=he, name='conv', **common)(x)
-    elif p in ('wn', 'wn_mbn'):
-      conv = nn.Conv(self.features, use_bias=p == 'wn', kernel_init=he, name='conv', **common)
-      y = nn.WeightNorm(conv, param_dtype=self.param_dtype, name='wn')(x)
-      if p == 'wn_mbn':
-        y = geoparam.MeanOnlyBatchNorm(momentum=self.bn_momentum, param_dtype=self.param_dtype,
-                                       name='mbn')(y, use_running_average=ura)
-    else:  # bn
-      y = nn.Conv(self.features, use_bias=False, kernel_init=he, name='conv', **common)(x)
-      y = nn.BatchNorm(momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='bn')(y, use_running_average=ura)
-    return nn.relu(y) if self.relu else y
+    return models.layer(x, p, self.features, name='conv', names=models.PART_NAMES, train=train,
+                        first=not self.intermediate, activation=nn.relu if self.relu else None,
+                        kernel_size=tuple(self.kernel_size), strides=tuple(self.strides),
+                        padding=self.padding, kernel_init=he, momentum=self.bn_momentum,
+                        bn_epsilon=1e-5, dtype=self.dtype, param_dtype=self.param_dtype)
 
 
 class Bottleneck(nn.Module):
@@ -233,9 +218,12 @@ ResNet50 = functools.partial(ResNet, stage_sizes=(3, 4, 6, 3))
 class WeightLayer(nn.Module):
   """A conv (`kernel_size` given) or dense layer whose weights use a paper-003 parameterization.
 
+  The weight layer of `models.weights` (`kind` looked up in `models.WEIGHTS`),
+  named `layer` (its wrapper `wn` / `sn`) inside this module.
+
   Attributes:
     features: output width.
-    kind: 'plain', 'lcw', 'wn', 'cwn' or 'sn'.
+    kind: 'plain', 'lcw', 'wn', 'cwn' or 'sn' (a row's `weights`).
     kernel_size: spatial kernel size, or None for a dense layer.
     strides: conv strides.
     use_bias: add a bias (False when BN follows).
@@ -253,26 +241,12 @@ class WeightLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    args = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype)
     conv = self.kernel_size is not None
-    if conv:
-      args.update(kernel_size=tuple(self.kernel_size), strides=tuple(self.strides),
-                  padding='SAME')
-    if self.kind == 'lcw':
-      cls = geoparam.LCWConv if conv else geoparam.LCWDense
-      return cls(self.features, kernel_init=he, name='layer', **args)(x)
-    if self.kind == 'cwn':
-      cls = geoparam.CWNConv if conv else geoparam.CWNDense
-      return cls(self.features, name='layer', **args)(x)
-    layer = (nn.Conv if conv else nn.Dense)(self.features, kernel_init=he, name='layer', **args)
-    if self.kind == 'plain':
-      return layer(x)
-    if self.kind == 'wn':
-      return nn.WeightNorm(layer, param_dtype=self.param_dtype, name='wn')(x)
-    if self.kind == 'sn':
-      return nn.SpectralNorm(layer, param_dtype=self.param_dtype, name='sn')(
-          x, update_stats=train)
-    raise ValueError(f"kind must be 'plain', 'lcw', 'wn', 'cwn' or 'sn', got {self.kind!r}.")
+    return models.weights(x, self.kind, self.features, name='layer', names=models.PART_NAMES,
+                          train=train, use_bias=self.use_bias,
+                          kernel_size=tuple(self.kernel_size) if conv else None,
+                          strides=tuple(self.strides), padding='SAME', kernel_init=he,
+                          dtype=self.dtype, param_dtype=self.param_dtype)
 
 
 def _batch_norm(module, name):
