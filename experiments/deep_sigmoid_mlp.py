@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+import geoparam
 from geoparam import schedules
 from geoparam import variance
 from experiments import cifar_arrays
@@ -55,36 +56,19 @@ EVAL_CHUNK = 500  # test images per evaluated chunk
 INIT_TRAIN_EXAMPLES = 2000  # training images evaluated at initialization
 
 
-class WNDense(nn.Module):
-  """Weight-normalized Dense (Salimans & Kingma): `w_i = g_i v_i / |v_i|` per output unit.
-
-  Written out (rather than `nn.WeightNorm`) so that `variance.data_dependent_init`
-  can rescale its gain `scale` (passed as an extra entry of `scaled_params`).
-  """
-
-  features: int
-  kernel_init: Any = nn.initializers.glorot_uniform()
-
-  @nn.compact
-  def __call__(self, x):
-    kernel = self.param('kernel', self.kernel_init, (x.shape[-1], self.features))
-    scale = self.param('scale', nn.initializers.ones_init(), (self.features,))
-    bias = self.param('bias', nn.initializers.zeros_init(), (self.features,))
-    w = kernel * jax.lax.rsqrt(jnp.sum(kernel**2, axis=0, keepdims=True) + 1e-12) * scale
-    return x @ w + bias
-
-
-SCALED_PARAMS = {**variance.SCALED_PARAMS, WNDense: 'scale'}
-# This study's 'wn' weight kind (for `models.layer`): WNDense, its variables in `layer_{i}`.
+# This study's 'wn' weight kind (for `models.layer`): the library's WN wrapper around the Dense
+# (variables `kernel`, `scale`, `bias` in `layer_{i}`; `variance.data_dependent_init` rescales
+# its gain).
 WEIGHT_KINDS = {'wn': models.WeightKind(
-    lambda x, a: WNDense(a.features, kernel_init=a.kernel_init, name=a.name)(x))}
+    lambda x, a: geoparam.WN(nn.Dense(a.features, kernel_init=a.kernel_init, parent=None),
+                             name=a.name)(x))}
 
 
 class DeepMLP(nn.Module):
   """`depth` hidden layers of `width` units with `activation`, then `num_classes` logits.
 
   Every layer is `models.layer` of `method` (a row of `models.PARAMETERIZATIONS`):
-  the weight layer (plain Dense, LCWDense, WNDense (`WEIGHT_KINDS`), CWNDense,
+  the weight layer (plain Dense, LCWDense, geoparam.WN (`WEIGHT_KINDS`), CWNDense,
   SpectralNorm(Dense)), Glorot-initialized (CWN's kernel too), BN on the hidden
   pre-activations (`bn`, `bn_lcw`), SL on the hidden activations (`sl`). The
   output layer is reparameterized too (`models.weights`, with a bias). The
@@ -121,7 +105,7 @@ def init_variables(model: DeepMLP, key, x_batch):
   if model.method in DATA_DEPENDENT_INIT:
     kwargs = dict(train=True, mutable=['batch_stats']) if 'batch_stats' in variables else {}
     variables = variance.data_dependent_init(model, variables, x_batch,
-                                             scaled_params=SCALED_PARAMS, **kwargs)
+                                             **kwargs)
   return dict(variables)
 
 

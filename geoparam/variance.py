@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from geoparam import conv
+from geoparam import wrappers
 from geoparam.baselines import CWNConv, CWNDense
 from geoparam.linear_constrained import LCWConv, LCWDense
 
@@ -42,8 +43,8 @@ __all__ = [
 ]
 
 # Layer type -> the parameter the layer's output is linear in (scaling it by c
-# scales the output minus bias by c). LCW: `v` (project is linear); CWN: the
-# gain. GmP layers are deliberately absent: their pre-activation `u^T x + lam`
+# scales the output minus bias by c). LCW: `v` (project is linear); CWN and WN:
+# the gain. GmP layers are deliberately absent: their pre-activation `u^T x + lam`
 # has a unit direction and no free scale, and `scale` multiplies the
 # post-activation, so the init leaves GmP layers unchanged (identity).
 SCALED_PARAMS: dict[type, str] = {
@@ -53,6 +54,9 @@ SCALED_PARAMS: dict[type, str] = {
     LCWConv: 'v',
     CWNDense: 'scale',
     CWNConv: 'scale',
+    wrappers.LCW: 'v',
+    wrappers.CWN: 'scale',
+    wrappers.WN: 'scale',
 }
 
 
