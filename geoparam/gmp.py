@@ -34,6 +34,7 @@ from geoparam import conv
 from geoparam import initializers
 from geoparam import methods
 from geoparam import wrappers
+from geoparam.methods import run
 from geoparam.methods.gmp import directions
 from geoparam.methods.gmp import from_dense_traced as gmp_from_dense
 from geoparam.methods.gmp import gmp_kernel
@@ -86,10 +87,10 @@ class _GmPBase(nn.Module):
   def _method(self, fan_in: int) -> methods.Method:
     return paper_method(self, fan_in)
 
-  def _finish(self, layer, inputs, kernel_shape, use_running_average):
+  def _finish(self, layer, inputs, kernel_shape, use_running_average, ops=None):
     """`scale * act(layer(x; u, lam))`, IMN included."""
     y = wrappers.call(self, self._method(math.prod(kernel_shape[:-1])), layer, inputs,
-                      use_running_average, self.use_running_average)
+                      use_running_average, self.use_running_average, ops=ops)
     if self.activation is not None:
       y = self.activation(y)
     y, scale = nn.dtypes.promote_dtype(y, meta.unbox(self.get_variable('params', 'scale')),
@@ -150,7 +151,16 @@ class GmPDense(_GmPBase):
       raise ValueError(f'GmPDense expects inputs of shape (..., fan_in), got {inputs.shape}.')
     dense = nn.Dense(self.features, dtype=self.dtype, param_dtype=self.param_dtype,
                      precision=self.precision, parent=None)
-    return self._finish(dense, inputs, (inputs.shape[-1], self.features), use_running_average)
+
+    def run_dense(kernel, bias, x):  # nn.Dense's computation, without a nested linen apply
+      x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+      y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                              precision=self.precision)
+      return y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+
+    ops = run.LayerOps(run_dense, (inputs.ndim - 1,), self.precision)
+    return self._finish(dense, inputs, (inputs.shape[-1], self.features), use_running_average,
+                        ops)
 
 
 class GmPConv(_GmPBase):

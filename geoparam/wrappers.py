@@ -229,12 +229,15 @@ def layer_ops(layer: nn.Module, ndim: int) -> run.LayerOps:
 
 
 def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
-         use_running_average: bool | None = None, imn_field: bool | None = None):
+         use_running_average: bool | None = None, imn_field: bool | None = None, *,
+         ops: run.LayerOps | None = None):
   """`layer(inputs)` with `method`'s kernel and bias; variables (and IMN's mean) in `holder`.
 
   Call from a compact method of `holder` (the wrapper, or the original layer
   itself in the whole-model transform). `use_running_average` (merged with
-  `imn_field`, the holder's field) switches IMN's running mean.
+  `imn_field`, the holder's field) switches IMN's running mean. `ops`: how to
+  run the layer, when not `layer_ops(layer)` (a layer that computes itself, whose
+  `layer` only describes the kernel: its kernel init's sharding is not carried).
   """
   inputs = jnp.asarray(inputs)
   name = _describe(holder, layer)
@@ -242,23 +245,29 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   _check_features(name, layer)
   methods.base.check_fan_in(method, kernel_shape, name)
   dtype = layer.param_dtype
-  layer_init = methods.Layer(layer.kernel_init, getattr(layer, 'bias_init', None),
-                             getattr(layer, 'use_bias', True))
-  boxes = []
+  boxes = [] if ops is None else [None]
 
-  def box():  # the kernel's partitioning metadata, traced once, only while creating
+  def kernel_init(key, shape, dtype=jnp.float32):  # the layer's own, noting its metadata
+    value = layer.kernel_init(key, shape, dtype)
+    if not boxes:
+      boxes.append(_box_of(value))
+    return value
+
+  def box():  # the kernel's partitioning metadata (traced only if no variable drew a kernel)
     if not boxes:
       boxes.append(_box_of(jax.eval_shape(lambda k: layer.kernel_init(k, kernel_shape, dtype),
                                           jax.random.key(0))))
     return boxes[0]
 
+  layer_init = methods.Layer(kernel_init, getattr(layer, 'bias_init', None),
+                             getattr(layer, 'use_bias', True))
   input_mean = None
   if method.imn is not None:
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
   params = create_params(holder, method, kernel_shape, layer_init, dtype, box)
-  return run.forward(method, params, layer_ops(layer, inputs.ndim), inputs, kernel_shape,
+  return run.forward(method, params, ops or layer_ops(layer, inputs.ndim), inputs, kernel_shape,
                      input_mean)
 
 
