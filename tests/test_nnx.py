@@ -208,6 +208,27 @@ def test_jit_optimizer_scan_vmap_split_merge():
   np.testing.assert_allclose(h, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_eager_calls_equal_traced_calls_and_follow_changed_attributes():
+  """An eager call runs the module's pure core compiled once (module-level jit); it must equal
+  the traced call, update the running mean the same way, and see a changed static attribute."""
+  x = _x((6, 5)) + 1.0
+  eager = gnnx.GmPLinear(5, 4, input_mean_norm=True, momentum=0.5, rngs=nnx.Rngs(0))
+  traced = nnx.clone(eager)
+  y_eager = eager(x)
+  y_traced = nnx.jit(lambda m, x: m(x))(traced, x)
+  np.testing.assert_allclose(y_eager, y_traced, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(eager.input_mean_norm['mean'][...],
+                             traced.input_mean_norm['mean'][...], rtol=1e-6)
+  np.testing.assert_allclose(eager.input_mean_norm['mean'][...], 0.5 * np.asarray(x).mean(0),
+                             rtol=1e-6)
+  eager.eval()
+  relu = eager(x)
+  eager.activation = None  # linear: negative outputs appear; a stale compilation would hide them
+  linear = eager(x)
+  assert np.all(np.asarray(relu) >= 0) and np.any(np.asarray(linear) < 0)
+  np.testing.assert_allclose(np.maximum(linear, 0), relu, rtol=1e-6, atol=1e-7)
+
+
 def test_orbax_round_trip_is_bit_exact(tmp_path):
   ocp = pytest.importorskip('orbax.checkpoint')
   model = gnnx.GmP(nnx.Conv(3, 4, (3, 3), rngs=nnx.Rngs(0)), input_mean_norm=True,
