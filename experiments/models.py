@@ -45,7 +45,9 @@ class Method:
     weights: a key of `WEIGHTS`: 'plain' (nn.Dense / nn.Conv), 'wn' (nn.WeightNorm
       of it), 'gmp' (geoparam.GmPDense / GmPConv, the ReLU included), 'lcw'
       (LCWDense / LCWConv), 'cwn' (CWNDense / CWNConv) or 'sn' (nn.SpectralNorm
-      of it).
+      of it); or any other name of `geoparam.methods.REGISTRY` (`geoparam.Reparam`
+      of the plain layer: a method registered in the library is a study method with
+      one row here).
     norm: None, 'bn' (BatchNorm on the pre-activations), 'mbn' (mean-only BN on
       the pre-activations), 'imn' (GmP's input mean normalization, every hidden
       layer after the first) or 'sl' (standardization of the activations).
@@ -169,12 +171,30 @@ def _conv(kernel_size, padding, strides) -> dict:
                                              strides=strides)
 
 
-def _kind(kind: str | WeightKind) -> WeightKind:
-  """`kind` itself (a study's own `WeightKind`) or its row of `WEIGHTS`."""
+def _registered(method: str | geoparam.methods.Method) -> WeightKind:
+  """Any method of the library's registry (or a `geoparam.methods.Method`) around the plain
+  Dense/Conv: `geoparam.Reparam`, its variables at the layer's name."""
+
+  def build(x, a: LayerArgs):
+    plain = (nn.Conv if a.conv else nn.Dense)(
+        a.features, dtype=a.dtype, param_dtype=a.param_dtype, use_bias=a.use_bias,
+        kernel_init=a.kernel_init, parent=None, **a.conv)
+    return geoparam.Reparam(plain, method, name=a.name)(x, use_running_average=not a.train)
+
+  return WeightKind(build)
+
+
+def _kind(kind: str | WeightKind | geoparam.methods.Method) -> WeightKind:
+  """`kind` itself (a study's own `WeightKind`), its row of `WEIGHTS`, or else a method of
+  `geoparam.methods.REGISTRY` (or a `Method`) around the plain layer."""
   if isinstance(kind, WeightKind):
     return kind
+  if isinstance(kind, geoparam.methods.Method) or (
+      kind not in WEIGHTS and kind in geoparam.methods.REGISTRY):
+    return _registered(kind)
   if kind not in WEIGHTS:
-    raise ValueError(f'unknown weight kind {kind!r}; accepted: {", ".join(WEIGHTS)}.')
+    raise ValueError(f'unknown weight kind {kind!r}; accepted: {", ".join(WEIGHTS)}, or a '
+                     f'method of geoparam.methods.REGISTRY ({", ".join(geoparam.methods.REGISTRY)}).')
   return WEIGHTS[kind]
 
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import geoparam
 from experiments import models
 
 EXPECTED = {  # method -> (module of `name`, extra submodules)
@@ -147,3 +148,33 @@ def test_boundary_changes_masks_stopped_epochs():
   only = models.boundary_changes(jnp.array([[True, True, True, False]]), locations)
   assert set(only) == {'max_dphi'}
   np.testing.assert_allclose(only['max_dphi'], [[1.0, 2.0, 0.5, np.nan]])
+
+
+def test_a_registered_library_method_is_a_study_method_with_one_row(monkeypatch):
+  """A method of geoparam's registry that `WEIGHTS` does not list is built as
+  `geoparam.Reparam` of the plain layer: one `PARAMETERIZATIONS` row makes it a study method."""
+  monkeypatch.setitem(models.PARAMETERIZATIONS, 'cwn_imn',
+                      models.Method(geoparam.methods.with_imn(geoparam.methods.get('cwn')),
+                                    None, 'CWN + IMN from the library'))
+
+  class Net(nn.Module):
+    method: str
+
+    @nn.compact
+    def __call__(self, x, train=False):
+      return models.layer(x, self.method, 3, name='h', train=train)
+
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(5, 4)) + 1.0, jnp.float32)
+  variables = Net('cwn_imn').init(jax.random.key(0), x)
+  assert jax.tree.map(jnp.shape, variables) == {
+      'batch_stats': {'h': {'input_mean_norm': {'mean': (4,)}}},
+      'params': {'h': {'bias': (3,), 'kernel': (4, 3), 'scale': (3,)}}}
+  p = variables['params']['h']
+  y, _ = Net('cwn_imn').apply(variables, x, train=True, mutable=['batch_stats'])
+  c = np.asarray(p['kernel']) - np.asarray(p['kernel']).mean(0)
+  w = c / np.linalg.norm(c, axis=0) * np.asarray(p['scale'])
+  xn = np.asarray(x, np.float64)
+  ref = np.maximum((xn - xn.mean(0)) @ w + np.asarray(p['bias']), 0)
+  np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='REGISTRY'):
+    models.weights(x, 'nope', 3, name='h', train=False)
