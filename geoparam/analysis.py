@@ -24,6 +24,11 @@ form of its parameterization `kind` (shapes: `n` = fan-in, `m` = features):
   'gmp_imn' GmP with input mean normalization: the 'gmp' dict plus
             {'batch_stats': {'mean': (n,)}} (the running input mean)
 
+Any other method of `geoparam.methods.REGISTRY` (`'lcw'`, `'cwn'`, a registered
+one), or a `geoparam.methods.Method`, is read through the method itself: the
+dict holds the variables it stores for a dense layer (plus `batch_stats/mean`
+when it has IMN), and its `apply` gives the effective `(w, b)`.
+
 Shapes are checked (statically, so under `jit` too): a per-unit entry (bias,
 gain, `lam`, `sign`, BN/MBN statistics) whose shape is not `(m,)`, or an IMN
 mean not of shape `(n,)`, raises `ValueError` naming both shapes; nothing is
@@ -66,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from geoparam import gmp
+from geoparam import methods
 from geoparam import wrappers
 
 __all__ = [
@@ -89,10 +95,54 @@ KINDS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')
 BN_EPSILON = 1e-5  # nn.BatchNorm's default
 
 
-def _check_kind(kind: str) -> str:
-  if kind not in KINDS:
-    raise ValueError(f'unknown parameterization kind={kind!r}; valid kinds: {", ".join(KINDS)}.')
+def _method_of(kind) -> methods.Method | None:
+  """The method record for a kind outside `KINDS`: a name of `geoparam.methods.REGISTRY` or a
+  `geoparam.methods.Method`; None for the canonical kinds."""
+  if isinstance(kind, methods.Method):
+    return kind
+  if isinstance(kind, str) and kind not in KINDS and kind in methods.REGISTRY:
+    return methods.get(kind)
+  return None
+
+
+def _check_kind(kind):
+  if _method_of(kind) is None and kind not in KINDS:
+    raise ValueError(f'unknown parameterization kind={kind!r}; valid kinds: {", ".join(KINDS)}, '
+                     f'or a method of geoparam.methods.REGISTRY ({", ".join(methods.REGISTRY)}) '
+                     'or a geoparam.methods.Method.')
   return kind
+
+
+def _dense_kernel_shape(method: methods.Method, params, kind) -> tuple[int, int]:
+  """The `(fan_in, features)` kernel a dense layer's stored variables stand for under `method`
+  (found by matching the shapes the method declares)."""
+  stored = {k: tuple(jnp.shape(v)) for k, v in params.items() if k != 'batch_stats'}
+  features = {s[-1] for s in stored.values() if s}
+  candidates = sorted({1} | {s[0] + d for s in stored.values() if len(s) == 2 for d in (0, 1)})
+  for f in features:
+    for n in candidates:
+      for use_bias in (True, False):
+        spec = method.params((n, f), methods.Layer(use_bias=use_bias), lambda: None)
+        if {k: tuple(p.shape) for k, p in spec.items()} == stored:
+          return (n, f)
+  raise ValueError(f'kind={getattr(kind, "name", kind)!r}: the variables {stored} are not those '
+                   'the method stores for any dense kernel (fan_in, features).')
+
+
+def _method_affine(params, method: methods.Method, kind):
+  """`(w, b)` of a dense layer under any method: its `apply`, then IMN's running mean folded."""
+  _need(params, (), kind)
+  shape = _dense_kernel_shape(method, params, kind)
+  w, b = method.apply({k: v for k, v in params.items() if k != 'batch_stats'}, shape)
+  w = _kernel(w)
+  b = jnp.zeros(shape[1:], w.dtype) if b is None else _per_feature(b, 'bias', w, kind)
+  if method.imn is not None:
+    _need(params, ('batch_stats',), kind)
+    _need(params['batch_stats'], ('mean',), kind)
+    mean = _vector(params['batch_stats']['mean'], 'batch_stats/mean (the running input mean)',
+                   shape[0], f'fan_in = {shape[0]}', kind, w.dtype)
+    b = b - mean @ w
+  return w, b
 
 
 def _need(params: Mapping[str, Any], keys, kind: str):
@@ -155,6 +205,9 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
     scale is dropped); BN and MBN are folded with `batch_stats`.
   """
   kind = _check_kind(kind)
+  method = _method_of(kind)
+  if method is not None:
+    return _method_affine(params, method, kind)
   if kind == 'sp':
     _need(params, ('kernel',), kind)
     w = _kernel(params['kernel'])
@@ -209,7 +262,7 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
 def _direction_distance(params, kind):
   """`(u (features, fan_in), lam (features,))` with the zero-weight conventions applied."""
   w, b = affine(params, kind)
-  if kind.startswith('gmp'):  # u is a unit vector by construction: no division.
+  if isinstance(kind, str) and kind.startswith('gmp'):  # u is a unit vector: no division.
     return w.T, b
   norm = jnp.sqrt(jnp.sum(w * w, axis=0))
   ok = norm > 0
@@ -240,7 +293,8 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
 
   Args:
     params: one layer's variables in the canonical form of `kind` (module docstring).
-    kind: one of `KINDS` ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn').
+    kind: one of `KINDS` ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn'), or any method of
+      `geoparam.methods.REGISTRY` (a name or a `Method`) for a dense layer's variables.
 
   Returns:
     `phi`, shape `(features, fan_in)`: the point of unit i's boundary nearest to
@@ -355,7 +409,10 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
   _need(params, (), kind)
   out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in params.items()}
   touched = 0
-  for path in _TRAINABLE[kind]:
+  trainable = _TRAINABLE.get(kind) if isinstance(kind, str) else None
+  if trainable is None:  # a method: every stored variable
+    trainable = tuple((k,) for k in params if k != 'batch_stats')
+  for path in trainable:
     node = out
     for key in path[:-1]:
       node = node.get(key) if isinstance(node, Mapping) else None

@@ -173,7 +173,7 @@ def test_unknown_kind_lists_the_valid_ones():
   with pytest.raises(ValueError, match='missing'):
     analysis.boundary_location({'kernel': jnp.ones((2, 2))}, 'wn')
   with pytest.raises(ValueError, match='valid kinds'):
-    analysis.perturb({}, 1e-3, 'lcw')
+    analysis.perturb({}, 1e-3, 'lcwx')  # 'lcw' is a registry method now, read by its record
 
 
 # --- angles, Theorem 3 -------------------------------------------------------------------
@@ -390,3 +390,32 @@ def test_scan_tracked_needs_integer_every_and_length(kwargs, name):
       lambda c, x: (c, x), {'kernel': jnp.ones((1, 1))}, length=np.int64(4), every=np.int32(2),
       layer=lambda c: c, kind='sp')
   assert track.location.shape == (3, 1, 1)
+
+
+def test_any_registered_method_is_read_through_its_record():
+  """'lcw', 'cwn' (registry names outside KINDS) and a composed Method (WN with IMN) give the
+  boundaries of their effective (w, b), checked against numpy."""
+  from geoparam import methods
+  rng = np.random.default_rng(5)
+  w = rng.normal(size=(4, 3))
+  w -= w.mean(0)  # zero-sum: LCW and CWN represent it exactly
+  b = rng.normal(size=3)
+  ref = -(b / np.sum(w * w, axis=0))[:, None] * w.T
+  for name in ('lcw', 'cwn'):
+    params = methods.get(name).convert(w, b, np.float32, True)
+    np.testing.assert_allclose(analysis.boundary_location(params, name), ref, rtol=2e-5,
+                               atol=1e-6)
+    moved = analysis.perturb(params, 0.1, name)
+    assert set(moved) == set(params) and all(
+        np.allclose(moved[k], np.asarray(params[k]) + 0.1) for k in params)
+  wn_imn = methods.with_imn(methods.get('wn', epsilon=0.0))
+  mean = rng.normal(size=4)
+  params = dict(wn_imn.convert(w, b, np.float32, True), batch_stats={'mean': mean})
+  b_imn = b - mean @ w
+  np.testing.assert_allclose(analysis.boundary_location(params, wn_imn),
+                             -(b_imn / np.sum(w * w, axis=0))[:, None] * w.T, rtol=2e-5,
+                             atol=1e-6)
+  with pytest.raises(ValueError, match='not those the method stores'):
+    analysis.boundary_location({'v': np.ones((3, 2)), 'extra': np.ones(2)}, 'lcw')
+  with pytest.raises(ValueError, match='REGISTRY'):
+    analysis.boundary_location(params, 'nope')
