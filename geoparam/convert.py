@@ -211,6 +211,8 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
   _check_activation(activation)
   _check_tree(params)
 
+  converted = []
+
   def convert(path, layer):
     if not select(path):
       return dict(layer)
@@ -220,7 +222,13 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
           f'unexpected entries {sorted(extra)} besides kernel/bias: not a plain Dense/Conv layer.')
     return dense_to_gmp(layer['kernel'], layer.get('bias'), activation)
 
-  return _walk(params, (), _is_sp, convert)
+  out = _walk(params, (), _is_sp, lambda path, layer: converted.append(path) or convert(
+      path, layer))
+  if not [p for p in converted if select(p)]:
+    raise ValueError(f'sp_to_gmp: no layer was converted ({len(converted)} SP layers found '
+                     f'{[_name(p) for p in converted][:10]}, select={select!r}): a tree without '
+                     'a selected {kernel, bias} layer would come back unchanged.')
+  return out
 
 
 def gmp_to_sp(params, like=None, activation: str | None = 'relu'):
@@ -256,4 +264,9 @@ def gmp_to_sp(params, like=None, activation: str | None = 'relu'):
     kernel, bias = gmp_to_dense(layer, shape, activation)
     return {'kernel': kernel, 'bias': bias}
 
-  return _walk(params, (), _is_gmp, convert)
+  found = []
+  out = _walk(params, (), _is_gmp, lambda path, layer: found.append(path) or convert(path, layer))
+  if not found:
+    raise ValueError('gmp_to_sp: the tree holds no GmP layer (a dict with theta, lam, scale): it '
+                     'would come back unchanged.')
+  return out

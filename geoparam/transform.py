@@ -49,7 +49,8 @@ import numpy as np
 from geoparam import methods
 from geoparam import wrappers
 
-__all__ = ['Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake',
+__all__ = ['Reparameterized', 'reparameterize', 'selected', 'check_selection', 'to_reparameterized',
+           'bake',
            'bn_affine', 'convert_layer', 'plain_layer']
 
 Where = Callable[[nn.Module, tuple[str, ...]], bool]
@@ -107,18 +108,48 @@ class Reparameterized(nn.Module):
       if wrappers.bypassed() or context.method_name != '__call__':
         return next_fun(*args, **kwargs)
       path = tuple(layer.path[prefix:])
+      if isinstance(layer, (nn.BatchNorm,) + wrappers.LAYER_TYPES):
+        seen.append(path)
       if isinstance(layer, nn.BatchNorm):
         if self.drop_batchnorm and selected(self, layer, path):
           return _inputs(args, kwargs)
       elif isinstance(layer, wrappers.LAYER_TYPES) and selected(self, layer, path):
+        chosen.append(path)
         use_running_average = self.use_running_average
         if use_running_average is None:
           use_running_average = not layer.is_mutable_collection('batch_stats')
         return wrappers.call(layer, method, layer, _inputs(args, kwargs), use_running_average)
       return next_fun(*args, **kwargs)
 
+    seen, chosen = [], []
     with nn.intercept_methods(intercept):
-      return getattr(self.module, method_name)(*args, **kwargs)
+      out = getattr(self.module, method_name)(*args, **kwargs)
+    if method_name == '__call__':  # other methods may run a part of the model
+      check_selection(self, seen, chosen)
+    return out
+
+
+def check_selection(rp: Reparameterized, seen, chosen) -> None:
+  """Raises where the selection is a silent no-op: no layer selected, or an `exclude` entry
+  that names no layer (a typo would reparameterize the layer it meant to keep).
+
+  `seen`: the paths of the Dense/Conv/DenseGeneral/BatchNorm layers the model ran;
+  `chosen`: those reparameterized.
+  """
+  model = type(rp.module).__name__
+  layers = sorted({'/'.join(p) for p in seen})
+  shown = ', '.join(layers[:12]) + (f' (and {len(layers) - 12} more)' if len(layers) > 12 else '')
+  if not chosen:
+    raise ValueError(
+        f'reparameterize({model}, {rp.get_method().name!r}): no layer was selected (Dense, '
+        f'Conv, DenseGeneral; where={rp.where!r}, exclude={list(rp.exclude)}); the model ran '
+        f'{shown or "none"}. A selection that matches nothing leaves the model plain.')
+  unmatched = [e for e in rp.exclude
+               if not any('/'.join(p) == e or (p and p[-1] == e) for p in seen)]
+  if unmatched:
+    raise ValueError(f'reparameterize({model}): exclude entries {unmatched} name no layer the '
+                     f'model ran ({shown}); check the names (a layer name or a \'/\'-joined '
+                     'path).')
 
 
 def selected(rp: Reparameterized, layer: nn.Module, path: tuple[str, ...]) -> bool:
@@ -146,6 +177,13 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
     **options: the method's options (its factory's arguments), e.g.
       `momentum=0.9`, `initialization='layer'`, `epsilon=1e-6`.
   """
+  if not isinstance(model, nn.Module):
+    hint = ('pass an instance, e.g. Model()' if isinstance(model, type) else
+            'for an NNX model use geoparam.nnx.reparameterize' if hasattr(model, '__dict__')
+            and 'nnx' in type(model).__module__ + ''.join(c.__module__ for c in type(model).__mro__)
+            else 'pass the flax.linen Module instance itself')
+    raise TypeError(f'reparameterize takes a flax.linen Module instance, got {model!r:.80} '
+                    f'({type(model).__name__}): {hint}.')
   if isinstance(exclude, str):
     exclude = (exclude,)
   methods.get(method, **options)  # unknown methods and options fail here, not at the first call
@@ -169,13 +207,15 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
   `layers` are the selected Dense/Conv/DenseGeneral calls, `norms` every BatchNorm
   call (path -> _Call). With `abstract`, only shapes are traced (`jax.eval_shape`).
   """
-  layers, norms = {}, {}
+  layers, norms, seen = {}, {}, []
 
   def intercept(next_fun, a, k, context):
     m = context.module
     y = next_fun(*a, **k)
     if context.method_name == '__call__' and not wrappers.bypassed():
       path = tuple(m.path)
+      if isinstance(m, (nn.BatchNorm,) + wrappers.LAYER_TYPES):
+        seen.append(path)
       if isinstance(m, nn.BatchNorm):
         norms.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
       elif isinstance(m, wrappers.LAYER_TYPES) and selected(rp, m, path):
@@ -192,6 +232,7 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
     jax.eval_shape(run, variables)
   else:
     run(variables)
+  check_selection(rp, seen, list(layers))
   return layers, norms
 
 

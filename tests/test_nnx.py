@@ -419,7 +419,9 @@ def test_a_shared_layer_is_refused_not_half_replaced():
   with pytest.raises(ValueError, match=r'Linear at a is shared \(also at blocks/0\)'):
     gnnx.reparameterize(model, 'gmp')
   assert isinstance(model.a, nnx.Linear)
-  gnnx.reparameterize(model, 'gmp', exclude=['a', 'blocks/0'])  # excluded: nothing to do
+  with pytest.raises(ValueError, match='no layer was selected'):  # all excluded: a no-op, refused
+    gnnx.reparameterize(model, 'gmp', exclude=['a', 'blocks/0'])
+  assert isinstance(model.a, nnx.Linear)
 
 
 def test_linen_users_never_import_nnx_subpackage():

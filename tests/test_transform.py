@@ -230,3 +230,54 @@ def test_zero_column_names_the_layer():
   rp = geoparam.reparameterize(model, 'gmp')
   with pytest.raises(ValueError, match='layer c1'):
     geoparam.to_reparameterized(rp, sp, x)
+
+
+def test_a_selection_that_matches_nothing_is_an_error_not_a_no_op():
+  """Issue 26 (no silent no-ops): a `where` that selects nothing, an `exclude` typo, a model with
+  no Dense/Conv and a wrong model object are refused, in linen, NNX and the tree helpers."""
+  from flax import nnx
+  import geoparam.nnx as gnnx
+  from geoparam import convert
+  x = jnp.ones((2, 3))
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2, name='head')(nn.relu(nn.Dense(4, name='hidden')(x)))
+
+  class NoLayers(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.relu(x)
+
+  with pytest.raises(ValueError, match=r"exclude entries \['haed'\] name no layer.*head, hidden"):
+    geoparam.reparameterize(MLP(), 'gmp', exclude=['haed']).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match='no layer was selected.*the model ran head, hidden'):
+    geoparam.reparameterize(MLP(), 'gmp', where=lambda layer, path: False).init(
+        jax.random.key(0), x)
+  with pytest.raises(ValueError, match='no layer was selected.*the model ran none'):
+    geoparam.reparameterize(NoLayers(), 'lcw').init(jax.random.key(0), x)
+  sp = MLP().init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"exclude entries \['haed'\]"):
+    geoparam.to_reparameterized(geoparam.reparameterize(MLP(), 'gmp', exclude=['haed']), sp, x)
+  with pytest.raises(TypeError, match='pass an instance'):
+    geoparam.reparameterize(MLP, 'gmp')
+  with pytest.raises(TypeError, match='flax.linen Module instance'):
+    geoparam.reparameterize(lambda x: x, 'gmp')
+  with pytest.raises(TypeError, match='geoparam.nnx.reparameterize'):
+    geoparam.reparameterize(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), 'gmp')
+  with pytest.raises(TypeError, match='for a linen model use geoparam.reparameterize'):
+    gnnx.reparameterize(MLP(), 'gmp')
+  model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.relu,
+                         nnx.Linear(4, 2, rngs=nnx.Rngs(1)))
+  with pytest.raises(ValueError, match=r"exclude entries \['haed'\] name no layer"):
+    gnnx.reparameterize(model, 'gmp', exclude=['haed'])
+  with pytest.raises(ValueError, match='no layer was selected'):
+    gnnx.reparameterize(model, 'gmp', where=lambda layer, path: False)
+  assert isinstance(model.layers[0], nnx.Linear)  # nothing changed
+  with pytest.raises(ValueError, match='no layer was converted'):
+    convert.sp_to_gmp(sp['params'], select=lambda path: False)
+  with pytest.raises(ValueError, match='no layer was converted'):
+    convert.sp_to_gmp({'steps': 3})
+  with pytest.raises(ValueError, match='holds no GmP layer'):
+    convert.gmp_to_sp(sp['params'])
