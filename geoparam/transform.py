@@ -418,7 +418,10 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
     stored = method.convert(kernel, bias, dtype, getattr(layer, 'use_bias', True))
   except ValueError as e:
     raise ValueError(f'layer {_name(path)}: {e}') from None
-  stored = {k: jnp.asarray(v, dtype) for k, v in stored.items()}
+  specs = method.params(kernel.shape, methods.Layer(use_bias=getattr(layer, 'use_bias', True)),
+                        lambda: None)
+  stored = {k: jnp.asarray(v, methods.base.stored_dtype(specs[k], dtype) if k in specs else dtype)
+            for k, v in stored.items()}
   if not imn:
     return stored, None
   width = math.prod(jnp.shape(inputs)[a] for a in wrappers.contract_axes(layer, jnp.ndim(inputs)))

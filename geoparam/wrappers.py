@@ -200,7 +200,8 @@ def _get_or_create(holder: nn.Module, name: str, param: methods.Param, dtype, ma
 
 def create_params(holder: nn.Module, method: methods.Method, kernel_shape, layer_init,
                   param_dtype, kernel_box: Callable[[], nn.Partitioned | None] = lambda: None):
-  """The method's variables in `holder` (created on first use), unboxed, in creation order.
+  """`(params, dtype)`: the method's variables in `holder` (created on first use), unboxed, in
+  creation order, and the dtype the layer computes its kernel in (`methods.base.layer_dtype`).
 
   `layer_init`: a `methods.Layer`; `kernel_box()`: the partitioning box of the
   layer's kernel, if any (called only while creating).
@@ -213,9 +214,10 @@ def create_params(holder: nn.Module, method: methods.Method, kernel_shape, layer
     return key[0]
 
   specs = method.params(tuple(kernel_shape), layer_init, new_key)
-  return {name: _get_or_create(holder, name, p, param_dtype,
-                               lambda p=p: _boxed(p.init, kernel_shape, kernel_box))
-          for name, p in specs.items()}
+  params = {name: _get_or_create(holder, name, p, methods.base.stored_dtype(p, param_dtype),
+                                 lambda p=p: _boxed(p.init, kernel_shape, kernel_box))
+            for name, p in specs.items()}
+  return params, methods.base.layer_dtype(params, specs)
 
 
 def layer_ops(layer: nn.Module, ndim: int) -> run.LayerOps:
@@ -266,9 +268,9 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
-  params = create_params(holder, method, kernel_shape, layer_init, dtype, box)
+  params, compute = create_params(holder, method, kernel_shape, layer_init, dtype, box)
   return run.forward(method, params, ops or layer_ops(layer, inputs.ndim), inputs, kernel_shape,
-                     input_mean)
+                     input_mean, compute)
 
 
 # ----------------------------------------------------------------------------- wrapper modules

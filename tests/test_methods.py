@@ -227,3 +227,38 @@ def test_convert_then_bake_is_the_identity_float64(name, x64):
   np.testing.assert_allclose(applied_bias, bias, rtol=1e-12, atol=1e-13)
   shapes = jax.tree.map(jnp.shape, methods.init(method, jax.random.key(0), kernel.shape))
   assert shapes == jax.tree.map(jnp.shape, params)
+
+
+def _worst_angle(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  cos = np.sum(a * b, 0) / (np.linalg.norm(a, axis=0) * np.linalg.norm(b, axis=0))
+  return float(np.max(np.arccos(np.clip(cos, -1.0, 1.0))))
+
+
+def test_bf16_params_keep_the_angles_in_float32():
+  """Issue 26 item 3: with `param_dtype=bfloat16` GmP stores theta in float32 (lam and scale in
+  bf16), so at fan-in 4608 the kernel's direction is off by no more than a bf16 kernel's."""
+  fan_in, features = 4608, 8
+  x = jnp.ones((1, fan_in))
+  v32 = geoparam.GmP(nn.Dense(features)).init(jax.random.key(0), x)['params']
+  v32 = dict(v32, lam=jnp.zeros(features))  # bias 0: the layer's output on eye(n) is its kernel
+  k32 = methods.get('gmp').apply(v32, (fan_in, features))[0]
+  bf16 = geoparam.GmP(nn.Dense(features, param_dtype=jnp.bfloat16))
+  stored = bf16.init(jax.random.key(0), x)['params']
+  assert stored['theta'].dtype == jnp.float32
+  assert stored['lam'].dtype == stored['scale'].dtype == jnp.bfloat16
+  p16 = {k: v.astype(stored[k].dtype) for k, v in v32.items()}
+  k16 = bf16.apply({'params': p16}, jnp.eye(fan_in))  # the kernel the bf16 layer computes with
+  bound = _worst_angle(k32, np.asarray(k32.astype(jnp.bfloat16)))
+  assert _worst_angle(k32, k16) <= 1.01 * bound + 1e-7
+  # Angles stored in bf16 (what param_dtype alone would give) are far off: the reason.
+  k_bf16_angles = methods.get('gmp').apply(dict(v32, theta=v32['theta'].astype(jnp.bfloat16)),
+                                           (fan_in, features))[0]
+  assert _worst_angle(k32, k_bf16_angles) > 10 * bound
+  # The same policy in the paper form, the NNX modules and conversion.
+  assert geoparam.GmPDense(features, param_dtype=jnp.bfloat16).init(
+      jax.random.key(0), x)['params']['theta'].dtype == jnp.float32
+  assert gnnx.GmPLinear(64, 4, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0)).theta.dtype == (
+      jnp.float32)
+  converted = methods.get('gmp').convert(np.ones((5, 2)), np.zeros(2), jnp.bfloat16, True)
+  assert converted['theta'].dtype == jnp.float32 and converted['scale'].dtype == jnp.bfloat16

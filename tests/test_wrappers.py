@@ -201,7 +201,7 @@ def test_direction_map_runs_in_float32_at_least(dtype):
   with jax.enable_x64(dtype == jnp.float64):
     layer = geoparam.GmPDense(64, param_dtype=dtype)
     params = layer.init(jax.random.key(0), jnp.ones((1, 4608), dtype))['params']
-    assert params['theta'].dtype == dtype
+    assert params['theta'].dtype == jnp.promote_types(dtype, jnp.float32)  # stored wide (issue 26)
     u = geoparam.gmp_kernel(params['theta'])
     assert u.dtype == jnp.promote_types(dtype, jnp.float32)
     err = np.abs(np.linalg.norm(np.asarray(u, np.float64), axis=0) - 1)

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
+           'stored_dtype', 'layer_dtype',
            'check_zero_sum', 'with_layer_bias']
 
 Shape = tuple[int, ...]
@@ -36,9 +37,29 @@ Params = Mapping[str, jax.Array]
 
 
 class Param(NamedTuple):
-  """One stored variable: its shape and its initializer `init(key, shape, dtype) -> array`."""
+  """One stored variable: its shape and its initializer `init(key, shape, dtype) -> array`.
+
+  `min_dtype`: stored in at least this dtype whatever the layer's `param_dtype` (GmP's
+  angles: the map's product of `fan_in` sines compounds their rounding, ~11% of the
+  direction at fan-in 4608 in bf16, against ~0.2% for a bf16 kernel).
+  """
   shape: Shape
   init: Initializer
+  min_dtype: Any = None
+
+
+def stored_dtype(param: Param, param_dtype) -> Any:
+  """The dtype `param` is stored in when the layer's `param_dtype` is given."""
+  if param.min_dtype is None or not jax.numpy.issubdtype(param_dtype, jax.numpy.floating):
+    return param_dtype
+  return jax.numpy.promote_types(param_dtype, param.min_dtype)
+
+
+def layer_dtype(params: Mapping[str, Any], specs: Mapping[str, Param]) -> Any:
+  """The dtype the layer computes its kernel in: that of the variables stored in `param_dtype`
+  (those without a `min_dtype`; all of them if every one has one)."""
+  plain = [v for n, v in params.items() if specs[n].min_dtype is None] or list(params.values())
+  return jax.numpy.result_type(*plain)
 
 
 class Layer(NamedTuple):
@@ -128,7 +149,7 @@ def init(method: Method, key: jax.Array, kernel_shape: Shape, layer: Layer = Lay
   """
   kernel_shape = tuple(kernel_shape)
   specs = method.params(kernel_shape, layer, lambda: jax.random.fold_in(key, 1 << 20))
-  return {name: nn.meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, dtype))
+  return {name: nn.meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, stored_dtype(p, dtype)))
           for i, (name, p) in enumerate(specs.items())}
 
 

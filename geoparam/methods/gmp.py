@@ -217,8 +217,11 @@ def to_dense(params: Mapping[str, Any], kernel_shape=None) -> tuple[jax.Array, j
 def _convert(kernel, bias, dtype, use_bias):
   del use_bias  # GmP always has lam: the bias of a bias-free layer is stored there
   w = np.asarray(kernel).reshape(-1, np.shape(kernel)[-1])
-  # Converted in the params' dtype, so its checks (tiny columns, overflow) are that dtype's.
-  return dict(from_dense(jnp.asarray(w, dtype), jnp.asarray(bias, dtype)))
+  # Converted in the params' dtype (float32 at least: the angles are stored so), so its checks
+  # (tiny columns, overflow) are that dtype's; lam and scale are then stored in `dtype`.
+  wide = jnp.promote_types(dtype, jnp.float32)
+  out = from_dense(jnp.asarray(w, wide), jnp.asarray(bias, wide))
+  return {k: v if k == 'theta' else v.astype(dtype) for k, v in out.items()}
 
 
 def _bake(params, kernel_shape):
@@ -267,7 +270,8 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
       draw = lambda dtype: from_dense_traced(*_layer_draw(layer, kernel_shape, dtype, new_key()))
       inits = {name: (lambda name: lambda _, shape, dtype=jnp.float32: draw(dtype)[name])(name)
                for name in shapes}
-    return {name: base.Param(shape, inits[name]) for name, shape in shapes.items()}
+    return {name: base.Param(shape, inits[name], jnp.float32 if name == 'theta' else None)
+            for name, shape in shapes.items()}
 
   return base.Method('gmp', params, _apply, _convert, _bake)
 

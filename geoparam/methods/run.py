@@ -86,7 +86,8 @@ def params_dtype(params) -> Any:
 
 
 def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_shape,
-            input_mean: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+            input_mean: Callable[[jax.Array], jax.Array] | None = None,
+            dtype=None) -> jax.Array:
   """The layer's output with the kernel and bias of `method`'s `params` (IMN if the method has it).
 
   Args:
@@ -99,11 +100,12 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
       inputs flattened by `flatten_contracted` (batch mean or running mean; the
       framework keeps the running statistics).
 
-  The kernel and bias are cast to the params' dtype after the map (which runs in
-  float32 at least) and after IMN's fold.
+  The kernel and bias are cast to `dtype` (default: the params' dtype;
+  `methods.base.layer_dtype` leaves out variables kept wider than `param_dtype`)
+  after the map (which runs in float32 at least) and after IMN's fold.
   """
   kernel, bias = method.apply(params, kernel_shape)
-  dtype = params_dtype(params)
+  dtype = params_dtype(params) if dtype is None else dtype
   cast = lambda a: None if a is None else a.astype(dtype)
   mean = None
   if method.imn is not None:

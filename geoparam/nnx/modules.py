@@ -210,8 +210,8 @@ def _check_positive(name, what, value):
     raise ValueError(f'{name} needs {what} >= 1 (an integer), got {value!r}.')
 
 
-_RESERVED = ('layer', 'held_layer', 'method', 'param_names', 'kernel_shape', 'kernel_names', 'kernel_dtype',
-             'use_running_average', 'input_mean_norm')
+_RESERVED = ('layer', 'held_layer', 'method', 'param_names', 'wide_names', 'kernel_shape',
+             'kernel_names', 'kernel_dtype', 'use_running_average', 'input_mean_norm')
 
 
 class _Held:
@@ -252,12 +252,13 @@ class _Reparameterized(nnx.Module):
       if params is not None:
         value, names = jnp.asarray(params[pname]), None
       else:
-        value, names = _unbox(spec.init(keys(), spec.shape, dtype))
+        value, names = _unbox(spec.init(keys(), spec.shape, methods.base.stored_dtype(spec, dtype)))
       if tuple(jnp.shape(value)) != tuple(spec.shape):
         raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
                          f'{jnp.shape(value)}.')
       setattr(self, pname, _param(value, _sharded(names, spec.shape, kernel_shape, kernel_names)))
     self.param_names = tuple(specs)
+    self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
     if method.imn is not None:
       mean = jnp.zeros(_mean_width(layer), jnp.promote_types(dtype, jnp.float32))
       self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
@@ -319,8 +320,10 @@ class _Reparameterized(nnx.Module):
       new_mean[0] = normalization.update_running_mean(mean, batch, imn.momentum)
       return batch
 
+    plain = [v for n, v in params.items() if n not in self.wide_names] or list(params.values())
     y = run.forward(self.method, params, layer_ops(self.layer, inputs.ndim), inputs,
-                    self.kernel_shape, input_mean if imn is not None else None)
+                    self.kernel_shape, input_mean if imn is not None else None,
+                    jnp.result_type(*plain))
     return self._post(y, params), new_mean[0]
 
   def _post(self, y, params):
