@@ -211,22 +211,23 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
   _check_activation(activation)
   _check_tree(params)
 
-  converted = []
+  found, converted = [], []
 
   def convert(path, layer):
+    found.append(path)
     if not select(path):
       return dict(layer)
+    converted.append(path)
     extra = set(layer) - {'kernel', 'bias'}
     if extra:
       raise ValueError(
           f'unexpected entries {sorted(extra)} besides kernel/bias: not a plain Dense/Conv layer.')
     return dense_to_gmp(layer['kernel'], layer.get('bias'), activation)
 
-  out = _walk(params, (), _is_sp, lambda path, layer: converted.append(path) or convert(
-      path, layer))
-  if not [p for p in converted if select(p)]:
-    raise ValueError(f'sp_to_gmp: no layer was converted ({len(converted)} SP layers found '
-                     f'{[_name(p) for p in converted][:10]}, select={select!r}): a tree without '
+  out = _walk(params, (), _is_sp, convert)
+  if not converted:
+    raise ValueError(f'sp_to_gmp: no layer was converted ({len(found)} SP layers found '
+                     f'{[_name(p) for p in found][:10]}, select={select!r}): a tree without '
                      'a selected {kernel, bias} layer would come back unchanged.')
   return out
 
@@ -246,7 +247,10 @@ def gmp_to_sp(params, like=None, activation: str | None = 'relu'):
   if like is not None and not isinstance(like, Mapping):
     raise TypeError(f'like must be a nested dict (Mapping) or None, got {type(like).__name__}.')
 
+  found = []
+
   def convert(path, layer):
+    found.append(path)
     extra = set(layer) - {'theta', 'lam', 'scale', 'sign'}
     if extra:
       raise ValueError(
@@ -264,8 +268,7 @@ def gmp_to_sp(params, like=None, activation: str | None = 'relu'):
     kernel, bias = gmp_to_dense(layer, shape, activation)
     return {'kernel': kernel, 'bias': bias}
 
-  found = []
-  out = _walk(params, (), _is_gmp, lambda path, layer: found.append(path) or convert(path, layer))
+  out = _walk(params, (), _is_gmp, convert)
   if not found:
     raise ValueError('gmp_to_sp: the tree holds no GmP layer (a dict with theta, lam, scale): it '
                      'would come back unchanged.')

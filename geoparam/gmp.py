@@ -65,10 +65,12 @@ def paper_method(fields, fan_in: int) -> methods.Method:
     scale_init = initializers.glorot_norm(fan_in, fields.features)
   else:
     scale_init = nn.initializers.ones
-  method = methods.get('gmp', theta_init=fields.theta_init, lam_init=fields.lam_init,
-                       scale_init=scale_init)
+  options = dict(theta_init=fields.theta_init, lam_init=fields.lam_init, scale_init=scale_init)
   if fields.input_mean_norm:
-    method = methods.with_imn(method, fields.momentum, fields.axis_name)
+    method = methods.get('gmp_imn', momentum=fields.momentum, axis_name=fields.axis_name,
+                         **options)
+  else:
+    method = methods.get('gmp', **options)
   return method._replace(apply=_unit_apply)
 
 

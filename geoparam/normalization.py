@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ['batch_mean', 'update_running_mean', 'check_floating', 'running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
+__all__ = ['batch_mean', 'update_running_mean', 'mean_step', 'check_floating', 'running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm']
 
 
 def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
@@ -40,6 +40,23 @@ def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
 def update_running_mean(running: jax.Array, batch: jax.Array, momentum: float) -> jax.Array:
   """`momentum * running + (1 - momentum) * batch`: the running mean after one training batch."""
   return momentum * running + (1.0 - momentum) * batch
+
+
+def mean_step(running: jax.Array, x: jax.Array, use_running_average: bool, momentum: float,
+              axis_name: str | None = None) -> tuple[jax.Array, jax.Array]:
+  """`(mean to subtract, new running mean)` for `x (..., F)`, pure (the NNX modules' step).
+
+  Evaluation: the running mean, unchanged; training: the batch mean and the updated one.
+
+    >>> import jax.numpy as jnp
+    >>> mean_step(jnp.zeros(2), jnp.array([[1.0, 3.0]]), False, 0.5)
+    (Array([1., 3.], dtype=float32), Array([0.5, 1.5], dtype=float32))
+  """
+  check_floating(x)
+  if use_running_average:
+    return running, running
+  mean = batch_mean(x, axis_name)
+  return mean, update_running_mean(running, mean, momentum)
 
 
 def check_floating(x: jax.Array) -> None:

@@ -48,10 +48,10 @@ import numpy as np
 
 from geoparam import methods
 from geoparam import wrappers
+from geoparam.methods import run
 
-__all__ = ['Reparameterized', 'reparameterize', 'selected', 'check_selection', 'to_reparameterized',
-           'bake',
-           'bn_affine', 'convert_layer', 'plain_layer']
+__all__ = ['Reparameterized', 'reparameterize', 'selected', 'excluded', 'check_selection',
+           'to_reparameterized', 'bake', 'bn_affine', 'convert_layer', 'plain_layer']
 
 Where = Callable[[nn.Module, tuple[str, ...]], bool]
 
@@ -125,36 +125,53 @@ class Reparameterized(nn.Module):
     with nn.intercept_methods(intercept):
       out = getattr(self.module, method_name)(*args, **kwargs)
     if method_name == '__call__':  # other methods may run a part of the model
-      check_selection(self, seen, chosen)
+      _check(self, seen, chosen)
     return out
 
 
-def check_selection(rp: Reparameterized, seen, chosen) -> None:
+def excluded(path: tuple, exclude) -> bool:
+  """Whether an `exclude` entry names the layer at `path`: its name, or its '/'-joined path.
+
+    >>> excluded(('blocks', 'head'), ['head']), excluded(('blocks', 'head'), ['blocks/head'])
+    (True, True)
+    >>> excluded(('blocks', 'head'), ['blocks'])
+    False
+  """
+  names = tuple(str(p) for p in path)
+  return '/'.join(names) in exclude or bool(names and names[-1] in exclude)
+
+
+def check_selection(model: str, method: str, seen, chosen, where, exclude,
+                    kinds: str = 'Dense, Conv, DenseGeneral', verb: str = 'ran') -> None:
   """Raises where the selection is a silent no-op: no layer selected, or an `exclude` entry
   that names no layer (a typo would reparameterize the layer it meant to keep).
 
-  `seen`: the paths of the Dense/Conv/DenseGeneral/BatchNorm layers the model ran;
-  `chosen`: those reparameterized.
+  `model`, `method`: names for the message; `seen`: the paths of the model's candidate
+  layers (`kinds` and BatchNorm; what the model `verb`, 'ran' or 'holds'); `chosen`: those
+  reparameterized. The linen and the NNX transform call it.
   """
-  model = type(rp.module).__name__
-  layers = sorted({'/'.join(p) for p in seen})
+  layers = sorted({'/'.join(str(k) for k in p) for p in seen})
   shown = ', '.join(layers[:12]) + (f' (and {len(layers) - 12} more)' if len(layers) > 12 else '')
   if not chosen:
     raise ValueError(
-        f'reparameterize({model}, {rp.get_method().name!r}): no layer was selected (Dense, '
-        f'Conv, DenseGeneral; where={rp.where!r}, exclude={list(rp.exclude)}); the model ran '
-        f'{shown or "none"}. A selection that matches nothing leaves the model plain.')
-  unmatched = [e for e in rp.exclude
-               if not any('/'.join(p) == e or (p and p[-1] == e) for p in seen)]
+        f'reparameterize({model}, {method!r}): no layer was selected ({kinds}; '
+        f'where={where!r}, exclude={list(exclude)}); the model {verb} {shown or "none"}. A '
+        'selection that matches nothing leaves the model plain.')
+  unmatched = [e for e in exclude if not any(excluded(p, (e,)) for p in seen)]
   if unmatched:
     raise ValueError(f'reparameterize({model}): exclude entries {unmatched} name no layer the '
-                     f'model ran ({shown}); check the names (a layer name or a \'/\'-joined '
+                     f'model {verb} ({shown}); check the names (a layer name or a \'/\'-joined '
                      'path).')
+
+
+def _check(rp: Reparameterized, seen, chosen) -> None:
+  check_selection(type(rp.module).__name__, rp.get_method().name, seen, chosen, rp.where,
+                  rp.exclude)
 
 
 def selected(rp: Reparameterized, layer: nn.Module, path: tuple[str, ...]) -> bool:
   """Whether `rp` reparameterizes (or drops) `layer` at `path` (relative to `rp.module`)."""
-  if '/'.join(path) in rp.exclude or (path and path[-1] in rp.exclude):
+  if excluded(path, rp.exclude):
     return False
   return rp.where is None or bool(rp.where(layer, path))
 
@@ -232,7 +249,7 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
     jax.eval_shape(run, variables)
   else:
     run(variables)
-  check_selection(rp, seen, list(layers))
+  _check(rp, seen, list(layers))
   return layers, norms
 
 
@@ -328,9 +345,8 @@ def _padding_free(layer) -> bool:
 def _flat_mean(layer, x):
   """The IMN mean of a layer input as the wrapper computes it, float64 `(fan_in_part,)`."""
   x = np.asarray(x, np.float64)
-  axes = wrappers.contract_axes(layer, x.ndim)
-  moved = np.moveaxis(x, axes, tuple(range(x.ndim - len(axes), x.ndim)))
-  return moved.reshape(-1, math.prod(moved.shape[x.ndim - len(axes):])).mean(0)
+  flat = run.flatten_contracted(x, wrappers.contract_axes(layer, x.ndim))
+  return flat.reshape(-1, flat.shape[-1]).mean(0)
 
 
 def _mean_dot(layer, mean, kernel):

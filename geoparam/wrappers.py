@@ -361,11 +361,11 @@ class GmP(_Wrapper):
   scale_init: Initializer | None = None
 
   def get_method(self) -> methods.Method:
-    method = methods.get('gmp', initialization=self.initialization, theta_init=self.theta_init,
-                         lam_init=self.lam_init, scale_init=self.scale_init)
+    options = dict(initialization=self.initialization, theta_init=self.theta_init,
+                   lam_init=self.lam_init, scale_init=self.scale_init)
     if self.input_mean_norm:
-      method = methods.with_imn(method, self.momentum, self.axis_name)._replace(name='gmp_imn')
-    return method
+      return methods.get('gmp_imn', momentum=self.momentum, axis_name=self.axis_name, **options)
+    return methods.get('gmp', **options)
 
 
 class LCW(_Wrapper):

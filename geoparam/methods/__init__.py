@@ -50,14 +50,9 @@ def register(name: str, factory: Callable[..., Method]) -> None:
 
 
 def options_of(factory: Callable[..., Method]) -> list[str]:
-  """The option names a factory takes (its keyword parameters, those of `gmp` for `gmp_imn`)."""
-  names = []
-  for p in inspect.signature(factory).parameters.values():
-    if p.kind == p.VAR_KEYWORD and factory is _gmp.gmp_imn:
-      names += options_of(_gmp.gmp)
-    elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-      names.append(p.name)
-  return sorted(names)
+  """The option names a factory takes (its named parameters)."""
+  return sorted(p.name for p in inspect.signature(factory).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def get(method: str | Method, **options) -> Method:

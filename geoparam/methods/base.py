@@ -49,7 +49,13 @@ class Param(NamedTuple):
 
 
 def stored_dtype(param: Param, param_dtype) -> Any:
-  """The dtype `param` is stored in when the layer's `param_dtype` is given."""
+  """The dtype `param` is stored in when the layer's `param_dtype` is given.
+
+    >>> import jax.numpy as jnp
+    >>> theta = Param((3, 4), None, min_dtype=jnp.float32)
+    >>> stored_dtype(theta, jnp.bfloat16), stored_dtype(Param((4,), None), jnp.bfloat16)
+    (dtype('float32'), <class 'jax.numpy.bfloat16'>)
+  """
   if param.min_dtype is None or not jax.numpy.issubdtype(param_dtype, jax.numpy.floating):
     return param_dtype
   return jax.numpy.promote_types(param_dtype, param.min_dtype)

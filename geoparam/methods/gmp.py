@@ -276,6 +276,8 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
   return base.Method('gmp', params, _apply, _convert, _bake)
 
 
-def gmp_imn(momentum: float = 0.99, axis_name: str | None = None, **options) -> base.Method:
-  """GmP with input mean normalization: `with_imn(gmp(**options), momentum, axis_name)`."""
-  return base.with_imn(gmp(**options), momentum, axis_name)._replace(name='gmp_imn')
+def gmp_imn(momentum: float = 0.99, axis_name: str | None = None, initialization: str = 'paper',
+            theta_init=None, lam_init=None, scale_init=None) -> base.Method:
+  """GmP with input mean normalization: `with_imn(gmp(...), momentum, axis_name)`."""
+  method = gmp(initialization, theta_init, lam_init, scale_init)
+  return base.with_imn(method, momentum, axis_name)._replace(name='gmp_imn')

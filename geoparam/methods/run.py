@@ -68,10 +68,17 @@ def imn_subtracts(inputs_shape: Sequence[int], kernel_shape: Sequence[int]) -> b
   return math.prod(inputs_shape) < math.prod(kernel_shape)
 
 
-def flatten_contracted(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-  """`x` with the contracted `axes` moved last and flattened into one: `(..., prod(axes))`."""
-  moved = jnp.moveaxis(x, axes, tuple(range(x.ndim - len(axes), x.ndim)))
-  return moved.reshape(moved.shape[:x.ndim - len(axes)] + (-1,))
+def flatten_contracted(x, axes: tuple[int, ...]):
+  """`x` with the contracted `axes` moved last (in their order) and flattened into one:
+  `(..., prod(axes))`. A jax or a numpy array (the float64 conversion uses the same layout).
+
+    >>> import numpy as np
+    >>> flatten_contracted(np.zeros((2, 3, 4, 5)), (1, 3)).shape
+    (2, 4, 15)
+  """
+  rest = tuple(i for i in range(x.ndim) if i not in axes)
+  moved = x.transpose(rest + tuple(axes))
+  return moved.reshape(moved.shape[:len(rest)] + (-1,))
 
 
 def subtract_mean(x: jax.Array, mean: jax.Array, axes: tuple[int, ...]) -> jax.Array:
@@ -103,6 +110,17 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
   The kernel and bias are cast to `dtype` (default: the params' dtype;
   `methods.base.layer_dtype` leaves out variables kept wider than `param_dtype`)
   after the map (which runs in float32 at least) and after IMN's fold.
+
+  A dense layer run by hand, with WN and IMN (`x - mean` is centred, so it maps to the bias):
+
+    >>> import jax.numpy as jnp
+    >>> from geoparam import methods
+    >>> wn = methods.with_imn(methods.get('wn', epsilon=0.0))
+    >>> params = {'kernel': jnp.eye(2), 'scale': jnp.ones(2), 'bias': jnp.array([1.0, 2.0])}
+    >>> ops = LayerOps(run=lambda k, b, x: x @ k + b, contract_axes=(1,))
+    >>> x = jnp.array([[1.0, 0.0], [3.0, 4.0]])
+    >>> forward(wn, params, ops, x, (2, 2), input_mean=lambda flat: flat.mean(0)).tolist()
+    [[0.0, 0.0], [2.0, 4.0]]
   """
   kernel, bias = method.apply(params, kernel_shape)
   dtype = params_dtype(params) if dtype is None else dtype

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import functools
 import math
 import numbers
+import types
 from typing import Any
 
 import flax.linen as nn
@@ -188,11 +189,9 @@ def _param(value, names):
 
 def _running_mean(stat, x, use_running_average, momentum, axis_name):
   """IMN's (and MBN's) mean of `x (..., F)`: the batch mean, updating `stat`, or `stat` itself."""
-  normalization.check_floating(x)
-  if use_running_average:
-    return stat[...]
-  mean = normalization.batch_mean(x, axis_name)
-  stat[...] = normalization.update_running_mean(stat[...], mean, momentum)
+  mean, new = normalization.mean_step(stat[...], x, use_running_average, momentum, axis_name)
+  if not use_running_average:
+    stat[...] = new
   return mean
 
 
@@ -313,11 +312,7 @@ class _Reparameterized(nnx.Module):
     new_mean = [mean]
 
     def input_mean(flat):
-      normalization.check_floating(flat)
-      if mode:
-        return mean
-      batch = normalization.batch_mean(flat, imn.axis_name)
-      new_mean[0] = normalization.update_running_mean(mean, batch, imn.momentum)
+      batch, new_mean[0] = normalization.mean_step(mean, flat, mode, imn.momentum, imn.axis_name)
       return batch
 
     plain = [v for n, v in params.items() if n not in self.wide_names] or list(params.values())
@@ -449,13 +444,14 @@ class GmP(Reparam):
   def __init__(self, layer, *, rngs=None, use_running_average=False, input_mean_norm=False,
                momentum=0.99, axis_name=None, **options):
     name = f'GmP({type(layer).__name__})'
-    method = methods.get('gmp', **options)
+    if input_mean_norm:
+      method = methods.get('gmp_imn', momentum=momentum, axis_name=axis_name, **options)
+    else:
+      method = methods.get('gmp', **options)
     if options.get('initialization', 'paper') == 'paper' and rngs is None:
       raise ValueError(f"{name}: initialization='paper' draws the directions; pass "
                        "rngs=nnx.Rngs(...), or initialization='layer' to start from the "
                        "layer's weights.")
-    if input_mean_norm:
-      method = methods.with_imn(method, momentum, axis_name)._replace(name='gmp_imn')
     self._wrap(layer, method, name, rngs, use_running_average)
 
 
@@ -512,7 +508,7 @@ class _GmPPaper(_Paper):
                       f'None for linear, got {activation!r}.')
     self.activation = activation
     self.dtype = fields['dtype']
-    fields = _Fields(features=layer.out_features, **fields)
+    fields = types.SimpleNamespace(features=layer.out_features, **fields)
     method = gmp.paper_method(fields, math.prod(layer.kernel.shape[:-1]))
     self._build(layer, method, rngs, use_running_average)
 
@@ -525,11 +521,6 @@ class _GmPPaper(_Paper):
       y = self.activation(y)
     y, scale = nnx.nn.dtypes.promote_dtype((y, params['scale']), dtype=self.dtype)
     return scale * y
-
-
-class _Fields:
-  def __init__(self, **fields):
-    self.__dict__.update(fields)
 
 
 def _gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init, lam_init, scale_init,

@@ -72,32 +72,9 @@ def _name(path) -> str:
 
 
 def _selected(node, path, where, exclude) -> bool:
-  names = tuple(str(p) for p in path)
-  if '/'.join(names) in exclude or (names and names[-1] in exclude):
+  if transform.excluded(path, exclude):
     return False
-  return where is None or bool(where(node, names))
-
-
-def _check_selection(model, method, nodes, layers, where, exclude):
-  """Raises where the selection is a silent no-op: no layer selected, or an `exclude` entry
-  that names no layer (as the linen transform, `geoparam.transform.check_selection`)."""
-  candidates = sorted(_name(p) for p, n in nodes
-                      if isinstance(n, modules.LAYER_TYPES + (nnx.BatchNorm,)))
-  shown = ', '.join(candidates[:12]) + (
-      f' (and {len(candidates) - 12} more)' if len(candidates) > 12 else '')
-  if not layers:
-    raise ValueError(
-        f'reparameterize({type(model).__name__}, {method.name!r}): no layer was selected '
-        f'(nnx.Linear, nnx.Conv, nnx.LinearGeneral; where={where!r}, exclude={list(exclude)}); '
-        f'the model holds {shown or "none"}. A selection that matches nothing leaves the model '
-        'plain.')
-  names = {tuple(str(k) for k in p) for p, n in nodes
-           if isinstance(n, modules.LAYER_TYPES + (nnx.BatchNorm,))}
-  unmatched = [e for e in exclude if not any('/'.join(p) == e or (p and p[-1] == e)
-                                             for p in names)]
-  if unmatched:
-    raise ValueError(f'reparameterize({type(model).__name__}): exclude entries {unmatched} name '
-                     f'no layer of the model ({shown}); check the names.')
+  return where is None or bool(where(node, tuple(str(p) for p in path)))
 
 
 def _replace(model, path, new):
@@ -202,7 +179,10 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
             and _selected(n, p, where, exclude)}
   norms = {p: n for p, n in nodes if drop_batchnorm and isinstance(n, nnx.BatchNorm)
            and _selected(n, p, where, exclude)}
-  _check_selection(model, method, nodes, layers, where, exclude)
+  transform.check_selection(
+      type(model).__name__, method.name,
+      [p for p, n in nodes if isinstance(n, modules.LAYER_TYPES + (nnx.BatchNorm,))],
+      list(layers), where, exclude, 'nnx.Linear, nnx.Conv, nnx.LinearGeneral', 'holds')
   paths = _paths_by_id(model)
   for path, node in {**layers, **norms}.items():
     if len(paths.get(id(node), ())) > 1:
