@@ -221,4 +221,5 @@ class GmPConv(_GmPBase):
     inputs = jnp.asarray(inputs)
     shape = conv.kernel_shape('GmPConv', tuple(self.kernel_size), inputs.shape, self.features,
                               self.feature_group_count)
-    return self._finish(conv.layer_of(self, shape), inputs, shape, use_running_average)
+    layer = conv.layer_of(self, shape, use_bias=True)  # lam: the paper's unit has a bias
+    return self._finish(layer, inputs, shape, use_running_average)

@@ -105,6 +105,8 @@ class Reparameterized(nn.Module):
     # interceptors, so the interceptor cannot be a method of this Module.
     def intercept(next_fun, args, kwargs, context):
       layer = context.module
+      if pending and layer is pending[-1][0]:  # called below only to create its bias term
+        return pending.pop()[1]()
       if wrappers.bypassed() or context.method_name != '__call__':
         return next_fun(*args, **kwargs)
       path = tuple(layer.path[prefix:])
@@ -112,16 +114,29 @@ class Reparameterized(nn.Module):
         seen.append(path)
       if isinstance(layer, nn.BatchNorm):
         if self.drop_batchnorm and selected(self, layer, path):
-          return _inputs(args, kwargs)
+          return _drop(_inputs(args, kwargs))
       elif isinstance(layer, wrappers.LAYER_TYPES) and selected(self, layer, path):
         chosen.append(path)
         use_running_average = self.use_running_average
         if use_running_average is None:
           use_running_average = not layer.is_mutable_collection('batch_stats')
-        return wrappers.call(layer, method, layer, _inputs(args, kwargs), use_running_average)
+        x = _inputs(args, kwargs)
+        y = wrappers.call(layer, method, layer, x, use_running_average)
+        if self.drop_batchnorm and layer.is_initializing() and not getattr(layer, 'use_bias', True):
+          bias_free.append((y, layer, x))
+        return y
       return next_fun(*args, **kwargs)
 
-    seen, chosen = [], []
+    def _drop(x):
+      """A dropped BatchNorm: the identity; at init, a bias-free layer whose output it gets
+      receives the bias term the BatchNorm's shift needs (paper 002's ResNet: GmP's lam)."""
+      for y, layer, inputs in bias_free:
+        if y is x:
+          pending.append((layer, lambda: wrappers.add_bias(layer, method, layer, inputs, y)))
+          return layer(inputs)  # in the layer's own compact context, which may create variables
+      return x
+
+    seen, chosen, bias_free, pending = [], [], [], []
     with nn.intercept_methods(intercept):
       out = getattr(self.module, method_name)(*args, **kwargs)
     if method_name == '__call__':  # other methods may run a part of the model
@@ -380,7 +395,8 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
 
   IMN's running mean starts at the batch mean of the layer's input, and `lam`
   absorbs it, for dense layers and convs that pad no zeros; zero-padded convs
-  start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders).
+  start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders), as
+  do bias-free layers (nothing could absorb it).
   """
   method = rp.get_method()
   layers, norms = _record(rp, variables, args, kwargs, abstract=False)
@@ -426,16 +442,17 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
   if fold is not None:
     s, t = fold
     kernel, bias = kernel * s, bias * s + t
+  # A dropped BatchNorm's shift belongs to the layer before it, bias-free or not.
+  use_bias = getattr(layer, 'use_bias', True) or fold is not None
   imn = method.imn is not None
-  mean = _flat_mean(layer, inputs) if imn and _padding_free(layer) else None
+  mean = _flat_mean(layer, inputs) if imn and use_bias and _padding_free(layer) else None
   if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
     bias = bias + _mean_dot(layer, mean, kernel)
   try:
-    stored = method.convert(kernel, bias, dtype, getattr(layer, 'use_bias', True))
+    stored = method.convert(kernel, bias, dtype, use_bias)
   except ValueError as e:
     raise ValueError(f'layer {_name(path)}: {e}') from None
-  specs = method.params(kernel.shape, methods.Layer(use_bias=getattr(layer, 'use_bias', True)),
-                        lambda: None)
+  specs = method.params(kernel.shape, methods.Layer(use_bias=use_bias), lambda: None)
   stored = {k: jnp.asarray(v, methods.base.stored_dtype(specs[k], dtype) if k in specs else dtype)
             for k, v in stored.items()}
   if not imn:

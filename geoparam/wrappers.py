@@ -51,7 +51,7 @@ from geoparam.methods.lcw import v_from_kernel
 from geoparam.methods.wn import weight_norm
 from geoparam.normalization import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'call',
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'call', 'add_bias',
            'layer_ops', 'layer_kernel_shape', 'contract_axes', 'run_layer', 'weight_norm',
            'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
 
@@ -230,22 +230,15 @@ def layer_ops(layer: nn.Module, ndim: int) -> run.LayerOps:
       kernel_mask=layer.mask if is_conv else None)
 
 
-def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
-         use_running_average: bool | None = None, imn_field: bool | None = None, *,
-         ops: run.LayerOps | None = None):
-  """`layer(inputs)` with `method`'s kernel and bias; variables (and IMN's mean) in `holder`.
+def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool:
+  """Whether `holder`'s variables hold the method's bias term (see `call`)."""
+  names = methods.base.bias_names(method, kernel_shape)
+  return bool(names) and all(holder.has_variable('params', n) for n in names)
 
-  Call from a compact method of `holder` (the wrapper, or the original layer
-  itself in the whole-model transform). `use_running_average` (merged with
-  `imn_field`, the holder's field) switches IMN's running mean. `ops`: how to
-  run the layer, when not `layer_ops(layer)` (a layer that computes itself, whose
-  `layer` only describes the kernel: its kernel init's sharding is not carried).
-  """
-  inputs = jnp.asarray(inputs)
-  name = _describe(holder, layer)
-  kernel_shape = layer_kernel_shape(layer, inputs.shape, name)
-  _check_features(name, layer)
-  methods.base.check_fan_in(method, kernel_shape, name)
+
+def _variables(holder: nn.Module, method: methods.Method, layer: nn.Module, kernel_shape,
+               use_bias: bool, ops):
+  """`create_params` with the layer's own initializers (noting its kernel's partitioning)."""
   dtype = layer.param_dtype
   boxes = [] if ops is None else [None]
 
@@ -261,16 +254,50 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
                                           jax.random.key(0))))
     return boxes[0]
 
-  layer_init = methods.Layer(kernel_init, getattr(layer, 'bias_init', None),
-                             getattr(layer, 'use_bias', True))
+  layer_init = methods.Layer(kernel_init, getattr(layer, 'bias_init', None), use_bias)
+  return create_params(holder, method, kernel_shape, layer_init, dtype, box)
+
+
+def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
+         use_running_average: bool | None = None, imn_field: bool | None = None, *,
+         ops: run.LayerOps | None = None):
+  """`layer(inputs)` with `method`'s kernel and bias; variables (and IMN's mean) in `holder`.
+
+  Call from a compact method of `holder` (the wrapper, or the original layer
+  itself in the whole-model transform). `use_running_average` (merged with
+  `imn_field`, the holder's field) switches IMN's running mean. `ops`: how to
+  run the layer, when not `layer_ops(layer)` (a layer that computes itself, whose
+  `layer` only describes the kernel: its kernel init's sharding is not carried).
+
+  A layer with `use_bias=False` gets the method's bias term (GmP's `lam`) only
+  when the variables already hold it: checkpoints made so, and the layers whose
+  BatchNorm the whole-model transform drops (`add_bias`).
+  """
+  inputs = jnp.asarray(inputs)
+  name = _describe(holder, layer)
+  kernel_shape = layer_kernel_shape(layer, inputs.shape, name)
+  _check_features(name, layer)
+  methods.base.check_fan_in(method, kernel_shape, name)
+  use_bias = getattr(layer, 'use_bias', True) or _holds_bias(holder, method, kernel_shape)
   input_mean = None
   if method.imn is not None:
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
-  params, compute = create_params(holder, method, kernel_shape, layer_init, dtype, box)
+  params, compute = _variables(holder, method, layer, kernel_shape, use_bias, ops)
   return run.forward(method, params, ops or layer_ops(layer, inputs.ndim), inputs, kernel_shape,
                      input_mean, compute)
+
+
+def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs, outputs):
+  """`outputs + bias`: creates the method's bias term for a bias-free `layer` (in `holder`,
+  from a compact method of it) and adds the bias it stands for to the layer's `outputs` on
+  `inputs`. The whole-model transform gives one so to a layer whose BatchNorm it drops.
+  """
+  kernel_shape = layer_kernel_shape(layer, jnp.shape(inputs), _describe(holder, layer))
+  params, _ = _variables(holder, method, layer, kernel_shape, True, None)
+  _, bias = method.apply(params, kernel_shape)
+  return outputs + bias.astype(outputs.dtype)
 
 
 # ----------------------------------------------------------------------------- wrapper modules

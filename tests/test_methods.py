@@ -229,6 +229,26 @@ def test_convert_then_bake_is_the_identity_float64(name, x64):
   assert shapes == jax.tree.map(jnp.shape, params)
 
 
+@pytest.mark.parametrize('name', ['gmp', 'gmp_imn', 'lcw', 'cwn', 'wn'])
+def test_a_bias_free_layer_gets_no_bias_term(name, x64):
+  """Issue 26 item 2, every registered method: with `use_bias=False` nothing is stored that
+  could grow a bias, `convert` refuses a nonzero bias, and `bake` gives no bias back."""
+  method = methods.get(name)
+  kernel = np.random.default_rng(4).normal(size=(6, 3))
+  kernel -= kernel.mean(0)  # zero-sum units, for LCW and CWN
+  names = methods.base.bias_names(method, kernel.shape)
+  assert names
+  free = methods.init(method, jax.random.key(0), kernel.shape, methods.Layer(use_bias=False))
+  assert not set(names) & set(free)
+  params = method.convert(kernel, np.zeros(3), jnp.float64, False)
+  assert set(params) == set(free)
+  back_kernel, back_bias = method.bake(params, kernel.shape)
+  assert back_bias is None and method.apply(params, kernel.shape)[1] is None
+  np.testing.assert_allclose(back_kernel, kernel, rtol=1e-12, atol=1e-13)
+  with pytest.raises(ValueError, match='use_bias=False but a nonzero bias'):
+    method.convert(kernel, np.ones(3), jnp.float64, False)
+
+
 def _worst_angle(a, b):
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   cos = np.sum(a * b, 0) / (np.linalg.norm(a, axis=0) * np.linalg.norm(b, axis=0))

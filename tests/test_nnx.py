@@ -346,6 +346,27 @@ def test_bake_right_after_reparameterize_is_exact_and_refuses_padded_imn_when_tr
     gnnx.bake(model)
 
 
+def test_bias_free_conv_gets_lam_only_when_its_batchnorm_is_dropped():
+  """Issue 26 item 2 in NNX: conv1 (use_bias=False) gets no lam with its BatchNorm kept, so
+  Adam cannot grow a bias and bake is exact after training; dropped, lam carries the BN's shift."""
+  x, y = _x((4, 6, 6, 3)), _x((4, 3), seed=2)
+  model = CNN(nnx.Rngs(0))
+  _train(model, x, y, 2)
+  gnnx.reparameterize(model, 'gmp', x, exclude=['head'])
+  assert set(nnx.state(model.conv1, nnx.Param)) == {'theta', 'scale'}
+  _train(model, x, y, 3)
+  after = model(x)
+  gnnx.bake(model)
+  assert _rel(model(x), after) < 1e-5
+  model = CNN(nnx.Rngs(0))
+  _train(model, x, y, 2)
+  before = model(x)
+  gnnx.reparameterize(model, 'gmp', x, exclude=['head'], drop_batchnorm=True)
+  assert set(nnx.state(model.conv1, nnx.Param)) == {'theta', 'lam', 'scale'}
+  assert float(jnp.abs(model.conv1.lam[...]).max()) > 0
+  assert _rel(model(x), before) < 1e-5
+
+
 @pytest.mark.parametrize('method', ['gmp', 'wn'])
 def test_mlp_with_gelu_and_list_reparameterized_in_place(method):
   model = MLP(nnx.Rngs(0))

@@ -281,3 +281,77 @@ def test_a_selection_that_matches_nothing_is_an_error_not_a_no_op():
     convert.sp_to_gmp({'steps': 3})
   with pytest.raises(ValueError, match='holds no GmP layer'):
     convert.gmp_to_sp(sp['params'])
+
+
+def test_resnet_keep_bn_bias_free_convs_stay_bias_free_through_adam_and_bake_exactly(resnet_sp):
+  """Issue 26 item 2: a conv with use_bias=False gets no lam; with the BatchNorm kept, Adam used
+  to turn lam's ~0 gradient into a real bias (2.3e-3) and bake then refused. Now bake is exact."""
+  model, sp, x, y = resnet_sp
+  rp = geoparam.reparameterize(model, 'gmp', exclude=['head'])
+  new = geoparam.to_reparameterized(rp, sp, x, train=False)
+  assert set(new['params']['conv_init']) == {'theta', 'scale'}
+  assert jax.tree.structure(rp.init(jax.random.key(0), x, train=False)) == jax.tree.structure(new)
+  trained, losses = _train(rp, new, x, y, 3)
+  assert losses[-1] < losses[0], losses
+  baked = geoparam.bake(rp, trained, x, train=False)
+  assert jax.tree.structure(baked) == jax.tree.structure(sp)
+  assert _rel(model.apply(baked, x, train=False), rp.apply(trained, x, train=False)) <= 1e-5
+
+
+class _BiasFree(nn.Module):
+  """A bias-free conv before a BatchNorm, and one with nothing after it."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    y = nn.Conv(4, (3, 3), use_bias=False, name='c')(x)
+    y = nn.relu(nn.BatchNorm(use_running_average=not train, name='bn')(y))
+    y = nn.Conv(4, (3, 3), padding='VALID', use_bias=False, name='c2')(y)
+    return nn.Dense(2, name='head')(y.mean((1, 2)))
+
+
+@pytest.mark.parametrize('method,bias', [('gmp', 'lam'), ('gmp_imn', 'lam'), ('wn', 'bias'),
+                                         ('cwn', 'bias'), ('lcw', 'bias')])
+def test_a_bias_term_only_where_a_dropped_batchnorm_needs_one(method, bias):
+  """A bias-free layer gets the method's bias term only when the transform drops the BatchNorm
+  after it: that BatchNorm's shift (mean and bias) belongs there (paper 002's ResNet-50 GmP+IMN
+  units have lam). Conversion carries it exactly; bake gives it back to the BatchNorm."""
+  x = jax.random.normal(jax.random.key(1), (2, 6, 6, 3))
+  keep = geoparam.reparameterize(_BiasFree(), method, exclude=['head'])
+  drop = geoparam.reparameterize(_BiasFree(), method, exclude=['head'], drop_batchnorm=True)
+  kept = keep.init(jax.random.key(0), x)['params']
+  dropped = drop.init(jax.random.key(0), x)['params']
+  assert bias not in kept['c'] and bias not in kept['c2'] and 'bn' in kept
+  assert bias in dropped['c'] and bias not in dropped['c2'] and 'bn' not in dropped
+  out, _ = drop.apply({'params': dropped, **{k: v for k, v in drop.init(
+      jax.random.key(0), x).items() if k != 'params'}}, x, mutable=['batch_stats'])
+  assert np.all(np.isfinite(out))
+  model = _BiasFree()
+  sp = model.init(jax.random.key(2), x)
+  sp['batch_stats']['bn']['mean'] = jnp.linspace(-0.5, 0.5, 4)
+  sp['params']['bn']['bias'] = jnp.linspace(0.3, -0.2, 4)
+  if method in ('lcw', 'cwn'):  # constraints: exact only for zero-sum kernels
+    centre = lambda k: k - k.mean(axis=(0, 1, 2), keepdims=True)
+    for name in ('c', 'c2'):
+      sp['params'][name]['kernel'] = centre(sp['params'][name]['kernel'])
+  ref = model.apply(sp, x)
+  for rp in (keep, drop):
+    new = geoparam.to_reparameterized(rp, sp, x)
+    assert jax.tree.structure(new['params']) == jax.tree.structure(
+        rp.init(jax.random.key(0), x)['params'])
+    assert _rel(rp.apply(new, x), ref) <= 1e-5
+    baked = geoparam.bake(rp, new, x)
+    assert _rel(model.apply(baked, x), ref) <= 1e-5
+  shift = geoparam.to_reparameterized(drop, sp, x)['params']['c'][bias]
+  assert float(jnp.abs(shift).max()) > 0.1  # the BatchNorm's shift is there
+
+
+def test_a_checkpoint_with_lam_on_a_bias_free_layer_still_uses_it():
+  """Variables that hold a bias term for a bias-free layer (made before issue 26) keep it."""
+  layer = geoparam.GmP(nn.Dense(3, use_bias=False))
+  x = jax.random.normal(jax.random.key(0), (4, 5))
+  params = layer.init(jax.random.key(1), x)['params']
+  assert set(params) == {'theta', 'scale'}
+  old = {**params, 'lam': jnp.array([1.0, -2.0, 0.5])}
+  kernel, _ = geoparam.methods.get('gmp').apply(params, (5, 3))
+  np.testing.assert_allclose(layer.apply({'params': old}, x),
+                             x @ kernel + old['scale'] * old['lam'], rtol=1e-5, atol=1e-6)

@@ -29,7 +29,7 @@ import numpy as np
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
            'stored_dtype', 'layer_dtype',
-           'check_zero_sum', 'with_layer_bias']
+           'check_zero_sum', 'with_layer_bias', 'bias_names']
 
 Shape = tuple[int, ...]
 Initializer = Callable[..., jax.Array]
@@ -171,12 +171,25 @@ def check_zero_sum(name: str, w: np.ndarray) -> None:
         'Convert a model trained with zero-sum kernels, or train the reparameterized model.')
 
 
-def with_layer_bias(params: dict, bias: np.ndarray, dtype, use_bias: bool) -> dict:
-  """`params` plus the layer's own `bias` in `dtype` (for `convert`); a layer without one
-  (`use_bias=False`) raises unless `bias` (e.g. of a folded BatchNorm) is zero."""
+def with_layer_bias(params: dict, bias, dtype, use_bias: bool, name: str = 'bias') -> dict:
+  """`params` plus the bias term `name` (`bias` in `dtype`), for `convert`; a layer without
+  one (`use_bias=False`) raises unless `bias` is zero."""
   if use_bias:
-    return {**params, 'bias': jax.numpy.asarray(bias, dtype)}
-  if np.any(bias != 0):
-    raise ValueError('has use_bias=False, but the folded BatchNorm needs a bias: set '
-                     'use_bias=True in the model.')
+    return {**params, name: jax.numpy.asarray(bias, dtype)}
+  if np.any(np.asarray(bias) != 0):
+    raise ValueError('has use_bias=False but a nonzero bias: a bias-free layer gets no bias '
+                     'term (the transforms give one to a layer whose BatchNorm they drop).')
   return params
+
+
+def bias_names(method: Method, kernel_shape: Shape) -> tuple[str, ...]:
+  """The variables `method` stores only for a layer with a bias (GmP's `lam`, LCW's `bias`).
+
+    >>> from geoparam import methods
+    >>> bias_names(methods.get('gmp'), (3, 4)), bias_names(methods.get('wn'), (3, 4))
+    (('lam',), ('bias',))
+  """
+  key = lambda: jax.random.key(0)
+  with_bias = method.params(tuple(kernel_shape), Layer(use_bias=True), key)
+  without = method.params(tuple(kernel_shape), Layer(use_bias=False), key)
+  return tuple(n for n in with_bias if n not in without)

@@ -1,7 +1,9 @@
 """GmP, geometric parameterization (paper 002 eq. 15): `kernel = scale * u(theta)`, `bias = scale * lam`.
 
 Stored: `theta (fan_in - 1, F)`, `lam (F,)`, `scale (F,)`, and at fan-in 1 a
-fixed `sign (F,)` (the direction of one input is a sign: it gets no gradient and
+fixed `sign (F,)`. A layer with `use_bias=False` gets no `lam`: a bias-free layer
+(a conv before a BatchNorm) stays bias-free, so nothing (Adam's update of a ~0
+gradient, weight decay) can grow a bias that `bake` could not put back (the direction of one input is a sign: it gets no gradient and
 only its sign is used, so weight decay cannot flip it). `u(theta)` is the unit
 vector of eq. (10), evaluated in float32 at least (bf16 angles evaluated in bf16
 give column norms ~1.6 at fan-in 4608).
@@ -73,15 +75,19 @@ def gmp_kernel(theta: jax.Array, sign: jax.Array | None = None) -> jax.Array:
   return u
 
 
-def unit(params: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`(u (fan_in, F), lam (F,), scale (F,))` in float32 at least: the unit before its scale."""
+def unit(params: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+  """`(u (fan_in, F), lam (F,), scale (F,))` in float32 at least: the unit before its scale.
+
+  `lam` is None for a bias-free layer (no `lam` stored).
+  """
   u = gmp_kernel(params['theta'], params.get('sign'))
-  return u, params['lam'].astype(u.dtype), params['scale'].astype(u.dtype)
+  lam = params['lam'].astype(u.dtype) if 'lam' in params else None
+  return u, lam, params['scale'].astype(u.dtype)
 
 
 def _apply(params, kernel_shape):
   u, lam, scale = unit(params)
-  return (u * scale).reshape(kernel_shape), scale * lam
+  return (u * scale).reshape(kernel_shape), None if lam is None else scale * lam
 
 
 def from_dense_traced(kernel: jax.Array, bias: jax.Array) -> dict[str, jax.Array]:
@@ -215,18 +221,23 @@ def to_dense(params: Mapping[str, Any], kernel_shape=None) -> tuple[jax.Array, j
 
 
 def _convert(kernel, bias, dtype, use_bias):
-  del use_bias  # GmP always has lam: the bias of a bias-free layer is stored there
   w = np.asarray(kernel).reshape(-1, np.shape(kernel)[-1])
   # Converted in the params' dtype (float32 at least: the angles are stored so), so its checks
   # (tiny columns, overflow) are that dtype's; lam and scale are then stored in `dtype`.
   wide = jnp.promote_types(dtype, jnp.float32)
   out = from_dense(jnp.asarray(w, wide), jnp.asarray(bias, wide))
-  return {k: v if k == 'theta' else v.astype(dtype) for k, v in out.items()}
+  out = {k: v if k == 'theta' else v.astype(dtype) for k, v in out.items()}
+  kept = base.with_layer_bias({}, out['lam'], dtype, use_bias, name='lam')
+  return {k: v for k, v in out.items() if k != 'lam' or kept}
 
 
 def _bake(params, kernel_shape):
-  kernel, bias = to_dense({k: meta.unbox(v) for k, v in params.items()}, kernel_shape)
-  return np.asarray(kernel, np.float64), np.asarray(bias, np.float64)
+  params = {k: meta.unbox(v) for k, v in params.items()}
+  biased = 'lam' in params
+  if not biased:
+    params['lam'] = jnp.zeros_like(jnp.asarray(params['scale']))
+  kernel, bias = to_dense(params, kernel_shape)
+  return np.asarray(kernel, np.float64), np.asarray(bias, np.float64) if biased else None
 
 
 def _layer_draw(layer: base.Layer, kernel_shape, dtype, key):
@@ -259,6 +270,8 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
   def params(kernel_shape, layer, new_key):
     n, features = base.fan_in(kernel_shape), kernel_shape[-1]
     shapes = {'theta': (n - 1, features), 'lam': (features,), 'scale': (features,)}
+    if not layer.use_bias:
+      del shapes['lam']
     if n == 1:
       shapes['sign'] = (features,)
     if initialization == 'paper':

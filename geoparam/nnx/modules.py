@@ -386,11 +386,15 @@ class Reparam(_Reparameterized):
     self._wrap(layer, method, name, rngs, use_running_average, params)
 
   def _wrap(self, layer, method, name, rngs, use_running_average, params=None):
-    _check_layer(layer, name)
+    kernel_shape = _check_layer(layer, name)
     bias = layer.bias[...] if layer.use_bias else None
+    # a bias-free layer gets the method's bias term only from given params that hold it (the
+    # transform's layers whose BatchNorm is dropped), as in linen (`wrappers.call`)
+    use_bias = layer.use_bias or (params is not None and bool(
+        names := methods.base.bias_names(method, kernel_shape)) and set(names) <= set(params))
     layer_init = methods.Layer(_constant(layer.kernel[...]),
                                _constant(bias) if bias is not None else nnx.initializers.zeros,
-                               layer.use_bias)
+                               use_bias)
     names = layer.kernel.get_metadata().get('out_sharding')
     self._setup(layer, method, name, rngs, use_running_average, layer_init, names, params)
 
