@@ -15,8 +15,9 @@ checkpoints. Feed `state.lr` to an optimizer built with
 The factories check their hyperparameters eagerly: epoch counts (`patience`,
 `cooldown`) must be Python or NumPy integers >= 0 (a bool, float or str raises
 `TypeError`), the real ones finite and in range (`ValueError`). `init` checks
-a concrete rate (finite, > 0) and `update` the metric's shape (one value per
-epoch; shapes are static, so this holds under `jit` too).
+a concrete rate (finite, > 0) and `update` the metric: a real number (a str,
+None, bool or complex metric is a `TypeError`) of one value per epoch (dtypes
+and shapes are static, so this holds under `jit` too).
 """
 
 from __future__ import annotations
@@ -130,7 +131,20 @@ def _check_initial_lr(lr):
 
 
 def _metric(metric, state):
-  """The metric as float32, checked to be one value per schedule (static shapes, jit-safe)."""
+  """The metric as float32, checked to be real numbers, one per schedule (jit-safe: dtypes and
+  shapes are static)."""
+  dtype = None
+  if not isinstance(metric, (str, bytes, bool, np.bool_)) and metric is not None:
+    try:
+      dtype = metric.dtype if hasattr(metric, 'dtype') else np.asarray(metric).dtype
+    except (TypeError, ValueError):
+      dtype = None
+  if dtype is None or not (jnp.issubdtype(dtype, jnp.floating)
+                           or jnp.issubdtype(dtype, jnp.integer)):
+    raise TypeError(
+        f'metric must be a real number (a Python, NumPy or JAX int or float, or a float array '
+        f'under jit), got {metric!r:.60} of type {type(metric).__name__}'
+        + (f' (dtype {dtype})' if dtype is not None else '') + '.')
   metric = jnp.asarray(metric, jnp.float32)
   expected = jnp.shape(state.best)
   if metric.shape != expected:
