@@ -39,6 +39,7 @@ __all__ = [
   'per_epoch_decay',
   'keep_best',
   'set_learning_rate',
+  'real_dtype',
 ]
 
 _MODES = ('min', 'max')
@@ -130,17 +131,28 @@ def _check_initial_lr(lr):
     raise ValueError(f'lr must be a finite learning rate > 0, got lr = {lr!r}.')
 
 
+def real_dtype(value):
+  """The dtype of `value` if it is real numbers (int or float: Python, NumPy or JAX, traced
+  too), else None (str, bytes, None, bool, complex, objects). Reads no values: jit-safe.
+
+    >>> real_dtype(1.0), real_dtype('1.0'), real_dtype(True)
+    (dtype('float64'), None, None)
+  """
+  if isinstance(value, (str, bytes, bool, np.bool_)) or value is None:
+    return None
+  try:
+    dtype = value.dtype if hasattr(value, 'dtype') else np.asarray(value).dtype
+  except (TypeError, ValueError):
+    return None
+  return dtype if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) else None
+
+
 def _metric(metric, state):
   """The metric as float32, checked to be real numbers, one per schedule (jit-safe: dtypes and
   shapes are static)."""
-  dtype = None
-  if not isinstance(metric, (str, bytes, bool, np.bool_)) and metric is not None:
-    try:
-      dtype = metric.dtype if hasattr(metric, 'dtype') else np.asarray(metric).dtype
-    except (TypeError, ValueError):
-      dtype = None
-  if dtype is None or not (jnp.issubdtype(dtype, jnp.floating)
-                           or jnp.issubdtype(dtype, jnp.integer)):
+  dtype = real_dtype(metric)
+  if dtype is None:
+    dtype = getattr(metric, 'dtype', None)
     raise TypeError(
         f'metric must be a real number (a Python, NumPy or JAX int or float, or a float array '
         f'under jit), got {metric!r:.60} of type {type(metric).__name__}'
