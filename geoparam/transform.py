@@ -245,10 +245,23 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
         return rp.module.init(jax.random.key(0), *args, **kwargs)
       return rp.module.apply(v, *args, **kwargs)
 
-  if abstract:
-    jax.eval_shape(run, variables)
-  else:
-    run(variables)
+  try:
+    if abstract:
+      jax.eval_shape(run, variables)
+    else:
+      run(variables)
+  except (flax.errors.ScopeParamNotFoundError, flax.errors.ScopeCollectionNotFound,
+          flax.errors.ScopeVariableNotFoundError, flax.errors.ScopeParamShapeError) as e:
+    raise ValueError(
+        f'to_reparameterized: the variables do not fit the plain model {type(rp.module).__name__} '
+        f'(they have {_collections(variables)}): {str(e).split(" (https")[0]} Pass the plain '
+        "model's variables (model.init's or training's, with their params and batch_stats), not "
+        "rp's.") from None
+  except flax.errors.ModifyScopeVariableError as e:
+    raise ValueError(
+        f'to_reparameterized: the plain model updates its statistics on these inputs '
+        f'({str(e).split(" (https")[0]}): give evaluation-mode arguments, e.g. train=False.'
+        ) from None
   _check(rp, seen, list(layers))
   return layers, norms
 
@@ -298,6 +311,21 @@ def _unfrozen(variables):
 
 def _name(path):
   return '/'.join(str(p) for p in path) or '<root>'
+
+
+def _collections(variables) -> str:
+  """The collections `variables` hold, for messages."""
+  if isinstance(variables, Mapping):
+    return f'collections {sorted(variables)}'
+  return f'a {type(variables).__name__}'
+
+
+def _lookup(variables, collection: str, path):
+  """`variables[collection][path...]`, or None where it is missing."""
+  try:
+    return _get(variables[collection], path)
+  except (KeyError, TypeError, IndexError):
+    return None
 
 
 def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
@@ -479,14 +507,28 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   dropped = _dropped(rp, layers, norms)
   new = _unfrozen(variables)
   biases = {}  # layers without a bias of their own: their bias goes to the dropped BatchNorm
+  given = ("pass the variables to_reparameterized or training returned, with their params and "
+           f"batch_stats (these have {_collections(variables)})")
   for path, call in layers.items():
     layer = call.layer
-    stored = _get(variables['params'], path)
     kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)
+    stored = _lookup(variables, 'params', path)
+    names = sorted(method.params(kernel_shape, methods.Layer(
+        use_bias=getattr(layer, 'use_bias', True)), lambda: None))
+    if not isinstance(stored, Mapping) or not set(names) <= set(stored):
+      held = sorted(stored) if isinstance(stored, Mapping) else None
+      raise ValueError(
+          f'bake: the variables lack params/{_name(path)} of layer {_name(path)} '
+          f'({method.name}\'s {names}' + (f'; they hold {held}' if held else '') + '): '
+          + (f"these are the plain model's; " if held and 'kernel' in held else '') + given + '.')
     mean = None
     if method.imn is not None:
-      mean = np.asarray(_get(variables['batch_stats'], path)['input_mean_norm']['mean'],
-                        np.float64)
+      mean = _lookup(variables, 'batch_stats', path + ('input_mean_norm', 'mean'))
+      if mean is None:
+        raise ValueError(
+            f"bake: the variables lack IMN's running mean batch_stats/{_name(path)}/"
+            f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
+      mean = np.asarray(mean, np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
     kernel, bias = plain_layer(method, layer, stored, kernel_shape, mean, path,
                                approximate_borders)

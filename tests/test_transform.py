@@ -281,3 +281,42 @@ def test_a_selection_that_matches_nothing_is_an_error_not_a_no_op():
     convert.sp_to_gmp({'steps': 3})
   with pytest.raises(ValueError, match='holds no GmP layer'):
     convert.gmp_to_sp(sp['params'])
+
+
+class _DenseBN(nn.Module):
+  """Dense -> BatchNorm -> relu -> Dense: the smallest model with a BatchNorm to drop."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    x = nn.BatchNorm(use_running_average=not train, name='bn')(nn.Dense(4, name='hidden')(x))
+    return nn.Dense(2, name='head')(nn.relu(x))
+
+
+def test_missing_variables_are_errors_naming_the_entry_and_the_layer():
+  """Issue (clear errors): variables without batch_stats or without a layer's params."""
+  model, x = _DenseBN(), jax.random.normal(jax.random.key(0), (4, 3))
+  sp = model.init(jax.random.key(1), x, train=False)
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True)
+  new = geoparam.to_reparameterized(rp, sp, x, train=False)
+  # bake: IMN's running mean missing (was a bare KeyError 'batch_stats').
+  with pytest.raises(ValueError, match=r"bake: the variables lack IMN's running mean "
+                     r"batch_stats/hidden/input_mean_norm/mean for layer hidden .*to_reparameterized "
+                     r"or training returned, with their params and batch_stats .*\['params'\]"):
+    geoparam.bake(rp, {'params': new['params']}, x, train=False)
+  # bake: a layer's params missing, or the plain model's given.
+  with pytest.raises(ValueError, match=r"lack params/hidden of layer hidden \(gmp_imn's \['lam', "
+                     r"'scale', 'theta'\]\)"):
+    geoparam.bake(rp, {'params': {'head': new['params']['head']},
+                       'batch_stats': new['batch_stats']}, x, train=False)
+  with pytest.raises(ValueError, match=r"they hold \['bias', 'kernel'\]\): these are the plain "):
+    geoparam.bake(rp, sp, x, train=False)
+  # to_reparameterized: the dropped BatchNorm's statistics, or a layer's params, missing.
+  with pytest.raises(ValueError, match=r'to_reparameterized: the variables do not fit the plain '
+                     r'model _DenseBN .*"mean" from collection "batch_stats" in "/bn"'):
+    geoparam.to_reparameterized(rp, {'params': sp['params']}, x, train=False)
+  with pytest.raises(ValueError, match=r'parameter named "kernel" in scope "/hidden"'):
+    geoparam.to_reparameterized(rp, {'params': {k: v for k, v in sp['params'].items()
+                                                if k != 'hidden'},
+                                     'batch_stats': sp['batch_stats']}, x, train=False)
+  with pytest.raises(ValueError, match='give evaluation-mode arguments, e.g. train=False'):
+    geoparam.to_reparameterized(rp, sp, x, train=True)
