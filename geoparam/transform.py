@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 import dataclasses
+import inspect
 import math
 from typing import Any
 
@@ -64,7 +65,14 @@ class Reparameterized(nn.Module):
   """`module` with its selected layers reparameterized; variables at the original paths.
 
   Build it with `reparameterize`. Call it like `module` (its `__call__`); other
-  methods through `call(name, *args, **kwargs)`.
+  methods through `call(name, *args, **kwargs)`, or as with the plain model:
+  `rp.apply(variables, x, method='encode')` (also `init`). `method` resolves
+  against the user's model first: a name of a method its class defines, its
+  unbound method (`Model.encode`, or `model.encode` bound), or any function
+  `fn(module, *args)` (a lambda) runs with the user's model as `module`,
+  reparameterized, as `model.apply(..., method=fn)` would; a function that
+  `Reparameterized` itself defines (`Reparameterized.call`) or a name only it
+  has (`'call'`) runs on `rp`, as Flax does.
 
   Attributes:
     module: the user's model (unchanged).
@@ -96,8 +104,43 @@ class Reparameterized(nn.Module):
     """Runs `module(*args, **kwargs)` with the selected layers reparameterized."""
     return self.call('__call__', *args, **kwargs)
 
-  def call(self, method_name: str, *args, **kwargs):
-    """Runs `getattr(module, method_name)(*args, **kwargs)` reparameterized."""
+  @nn.nowrap
+  def _resolve(self, method):
+    """`method` for Flax's `apply`/`init`: the user's model's methods run through `call`."""
+    if method is None:
+      return None
+    model = type(self.module)
+    if isinstance(method, str):
+      if (hasattr(type(self), method) and method != '__call__'
+          and not (hasattr(model, method) and not hasattr(nn.Module, method))):
+        return method  # one of Reparameterized's own ('call', ...)
+      name = method  # the model's: a method, or a submodule its setup defines
+      return lambda rp, *args, **kwargs: rp.call(name, *args, **kwargs)
+    fn = method.__func__ if inspect.ismethod(method) and isinstance(method.__self__,
+                                                                    nn.Module) else method
+    if not callable(fn):
+      raise TypeError(f'method must be a method name, a method or a function fn(module, *args), '
+                      f'got {method!r:.60} of type {type(method).__name__}.')
+    if getattr(Reparameterized, getattr(fn, '__name__', ''), None) is fn:
+      return fn  # Reparameterized's own method: Flax passes it `rp`
+    return lambda rp, *args, **kwargs: rp.call(fn, *args, **kwargs)
+
+  @nn.nowrap
+  def apply(self, variables, *args, method=None, **kwargs):
+    """`nn.Module.apply`; `method` may name or be a method of the user's model (see above)."""
+    return super().apply(variables, *args, method=self._resolve(method), **kwargs)
+
+  @nn.nowrap
+  def init_with_output(self, rngs, *args, method=None, **kwargs):
+    """`nn.Module.init_with_output` (and so `init`), `method` resolved as in `apply`."""
+    return super().init_with_output(rngs, *args, method=self._resolve(method), **kwargs)
+
+  def call(self, method_name: str | Callable, *args, **kwargs):
+    """Runs `getattr(module, method_name)(*args, **kwargs)` reparameterized.
+
+    `method_name` may also be a function `fn(module, *args, **kwargs)` (e.g. the
+    model's unbound method `Model.encode`), called with the user's model.
+    """
     method = self.get_method()
     prefix = len(self.path)
 
@@ -123,9 +166,12 @@ class Reparameterized(nn.Module):
 
     seen, chosen = [], []
     with nn.intercept_methods(intercept):
-      out = getattr(self.module, method_name)(*args, **kwargs)
-    if method_name == '__call__':  # other methods may run a part of the model
-      _check(self, seen, chosen)
+      if isinstance(method_name, str):
+        out = getattr(self.module, method_name)(*args, **kwargs)
+      else:
+        out = method_name(self.module, *args, **kwargs)
+    if method_name in ('__call__', getattr(type(self.module), '__call__')):
+      _check(self, seen, chosen)  # other methods may run a part of the model
     return out
 
 

@@ -320,3 +320,35 @@ def test_missing_variables_are_errors_naming_the_entry_and_the_layer():
                                      'batch_stats': sp['batch_stats']}, x, train=False)
   with pytest.raises(ValueError, match='give evaluation-mode arguments, e.g. train=False'):
     geoparam.to_reparameterized(rp, sp, x, train=True)
+
+
+def test_apply_and_init_method_resolve_against_the_users_model():
+  """`rp.apply(..., method=m)` works like `model.apply(..., method=m)`: the model's method by
+  name, its unbound (or bound) method, a function of the module; rp's own `call` still works."""
+
+  class Embedder(nn.Module):
+    def setup(self):
+      self.embed = nn.Dense(4, name='embed')
+      self.head = nn.Dense(2, name='head')
+
+    def embed_token_ids(self, x):
+      return nn.relu(self.embed(x))
+
+    def __call__(self, x):
+      return self.head(self.embed_token_ids(x))
+
+  model, x = Embedder(), jax.random.normal(jax.random.key(0), (3, 5))
+  sp = model.init(jax.random.key(1), x)
+  rp = geoparam.reparameterize(model, 'gmp', exclude=['head'])
+  v = geoparam.to_reparameterized(rp, sp, x)
+  ref = model.apply(sp, x, method='embed_token_ids')
+  for method in ['embed_token_ids', Embedder.embed_token_ids, model.embed_token_ids,
+                 lambda module, x: module.embed_token_ids(x)]:
+    out = rp.apply(v, x, method=method)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+  assert 'theta' in rp.init(jax.random.key(2), x, method='embed_token_ids')['params']['embed']
+  np.testing.assert_allclose(rp.apply(v, 'embed_token_ids', x, method='call'), ref, atol=1e-5)
+  np.testing.assert_allclose(rp.apply(v, x, method=Embedder.__call__), model.apply(sp, x),
+                             atol=1e-5)
+  with pytest.raises(AttributeError, match='no attribute "nope"'):
+    rp.apply(v, x, method='nope')
