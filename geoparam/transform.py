@@ -29,7 +29,17 @@ folded into the layer before it when dropped) and `bake` converts back.
 
 IMN's train/eval switch: the field `use_running_average`, or when None, the
 running mean is used exactly when `batch_stats` is not mutable (Flax's usual
-train step passes `mutable=['batch_stats']`, evaluation does not).
+train step passes `mutable=['batch_stats']`, evaluation does not). It cannot
+contradict the model silently: the interceptor sees the model's own flags, the
+`use_running_average` of its BatchNorm calls (dropped ones too) and the
+`deterministic` of its Dropout calls, and outside `init` a call raises
+ValueError where they say training while `batch_stats` is immutable (a train
+step that forgot `mutable=['batch_stats']` would train with IMN frozen at its
+calibration mean; Flax's own BatchNorm raises there too) or every BatchNorm
+says evaluation while `batch_stats` is mutable (IMN would update its mean). IMN
+cannot simply follow those flags: a layer's IMN runs before the BatchNorm after
+it reveals the flag. Models with neither layer go by mutability alone; an
+explicit `use_running_average` is never checked.
 """
 
 from __future__ import annotations
@@ -81,7 +91,8 @@ class Reparameterized(nn.Module):
       `wrappers.LAYER_TYPES`); `path` is relative to `module`.
     exclude: layer names or '/'-joined paths kept plain (e.g. `['head']`).
     drop_batchnorm: replace the selected `nn.BatchNorm` layers by the identity.
-    use_running_average: IMN's switch (None: by `batch_stats` mutability).
+    use_running_average: IMN's switch (None: by `batch_stats` mutability,
+      checked against the model's BatchNorm/Dropout flags; see the module doc).
     options: the method's options (`momentum`, `initialization`, ...).
   """
 
@@ -153,6 +164,9 @@ class Reparameterized(nn.Module):
       path = tuple(layer.path[prefix:])
       if isinstance(layer, (nn.BatchNorm,) + wrappers.LAYER_TYPES):
         seen.append(path)
+      mode = _training_flag(layer, args, kwargs)
+      if mode is not None:
+        modes.append((path,) + mode)
       if isinstance(layer, nn.BatchNorm):
         if self.drop_batchnorm and selected(self, layer, path):
           return _inputs(args, kwargs)
@@ -161,10 +175,11 @@ class Reparameterized(nn.Module):
         use_running_average = self.use_running_average
         if use_running_average is None:
           use_running_average = not layer.is_mutable_collection('batch_stats')
+          imn_frozen.append(use_running_average)
         return wrappers.call(layer, method, layer, _inputs(args, kwargs), use_running_average)
       return next_fun(*args, **kwargs)
 
-    seen, chosen = [], []
+    seen, chosen, modes, imn_frozen = [], [], [], []
     with nn.intercept_methods(intercept):
       if isinstance(method_name, str):
         out = getattr(self.module, method_name)(*args, **kwargs)
@@ -172,7 +187,53 @@ class Reparameterized(nn.Module):
         out = method_name(self.module, *args, **kwargs)
     if method_name in ('__call__', getattr(type(self.module), '__call__')):
       _check(self, seen, chosen)  # other methods may run a part of the model
+    if method.imn is not None and imn_frozen and not self.is_initializing():
+      _check_imn_mode(self, imn_frozen[0], modes)
     return out
+
+
+def _training_flag(layer: nn.Module, args, kwargs):
+  """`(layer kind, flag, value, training)` of a BatchNorm or Dropout call, else None.
+
+  The model's own train/eval switch as the layer computes it (its call argument, else its
+  field): BatchNorm's `use_running_average` (False: training), Dropout's `deterministic`
+  (False: training; True says nothing, dropout may be off while training). None where unset.
+  """
+  if isinstance(layer, nn.BatchNorm):
+    kind, flag = 'BatchNorm', 'use_running_average'
+  elif isinstance(layer, nn.Dropout):
+    kind, flag = 'Dropout', 'deterministic'
+  else:
+    return None
+  value = args[1] if len(args) > 1 else kwargs.get(flag)
+  value = getattr(layer, flag) if value is None else value
+  if value is None or isinstance(value, jax.core.Tracer):
+    return None
+  training = not bool(value)
+  if kind == 'Dropout' and not training:
+    return None
+  return kind, flag, bool(value), training
+
+
+def _check_imn_mode(rp: Reparameterized, frozen: bool, modes) -> None:
+  """Raises where IMN's mode (by `batch_stats` mutability) contradicts the model's own flags."""
+  if not modes:
+    return
+  model, method = type(rp.module).__name__, rp.get_method().name
+  shown = lambda rows: ', '.join(f'{k} {_name(p)} with {f}={v}' for p, k, f, v, _ in rows[:3])
+  training = [m for m in modes if m[-1]]
+  if frozen and training:
+    raise ValueError(
+        f'reparameterize({model}, {method!r}): the model runs in training mode '
+        f'({shown(training)}) but batch_stats is not mutable, so IMN would silently use its '
+        "frozen running mean: pass mutable=['batch_stats'] to apply in training steps (as for "
+        "BatchNorm), or fix IMN's mode with reparameterize(..., use_running_average=True).")
+  if not frozen and not training:
+    raise ValueError(
+        f'reparameterize({model}, {method!r}): the model runs in evaluation mode '
+        f'({shown(modes)}) but batch_stats is mutable, so IMN would use batch means and update its '
+        "running mean: evaluate without mutable=['batch_stats'], or fix IMN's mode with "
+        'reparameterize(..., use_running_average=False) (e.g. BatchNorm frozen while IMN trains).')
 
 
 def excluded(path: tuple, exclude) -> bool:
@@ -236,7 +297,8 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
     exclude: layer names (or '/'-joined paths) kept plain, e.g. the output layer.
     drop_batchnorm: make the model's BatchNorm layers (those `where`/`exclude`
       select) the identity, as the paper's GmP+IMN ResNet-50 does.
-    use_running_average: IMN's switch; None decides by `batch_stats` mutability.
+    use_running_average: IMN's switch; None decides by `batch_stats` mutability
+      and raises where the model's BatchNorm/Dropout flags contradict it.
     **options: the method's options (its factory's arguments), e.g.
       `momentum=0.9`, `initialization='layer'`, `epsilon=1e-6`.
   """

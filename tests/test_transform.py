@@ -352,3 +352,45 @@ def test_apply_and_init_method_resolve_against_the_users_model():
                              atol=1e-5)
   with pytest.raises(AttributeError, match='no attribute "nope"'):
     rp.apply(v, x, method='nope')
+
+
+def test_imn_mode_cannot_silently_contradict_the_models_train_flag():
+  """A train step that forgets mutable=['batch_stats'] would train with IMN frozen at its
+  calibration mean: the model's own flags (its dropped BatchNorm's use_running_average, a
+  Dropout's deterministic) say it trains, so that is an error, under jit and grad too."""
+  model, x = _DenseBN(), jax.random.normal(jax.random.key(0), (4, 3)) + 1.0
+  sp = model.init(jax.random.key(1), x, train=False)
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True)
+  v = geoparam.to_reparameterized(rp, sp, x, train=False)
+  forgot = r"training mode \(BatchNorm bn with use_running_average=False\) but batch_stats is " \
+           r"not mutable, so IMN would silently use its frozen running mean: pass mutable="
+  with pytest.raises(ValueError, match=forgot):
+    rp.apply(v, x, train=True)
+  loss = lambda params: jnp.sum(rp.apply({**v, 'params': params}, x, train=True))
+  with pytest.raises(ValueError, match=forgot):
+    jax.jit(jax.grad(loss))(v['params'])
+  with pytest.raises(ValueError, match=r"evaluation mode \(BatchNorm bn with use_running_average="
+                     r"True\) but batch_stats is mutable"):
+    rp.apply(v, x, train=False, mutable=['batch_stats'])
+  # The consistent calls work: training moves the running mean, evaluation reads it.
+  _, upd = rp.apply(v, x * 3, train=True, mutable=['batch_stats'])
+  assert not np.allclose(upd['batch_stats']['hidden']['input_mean_norm']['mean'],
+                         v['batch_stats']['hidden']['input_mean_norm']['mean'])
+  rp.apply(v, x, train=False)
+  rp.init(jax.random.key(2), x, train=False)  # init: every collection is mutable, no check
+  # An explicit use_running_average is the user's choice: not checked.
+  fixed = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True,
+                                  use_running_average=True)
+  np.testing.assert_array_equal(fixed.apply(v, x, train=True), rp.apply(v, x, train=False))
+
+  class DropoutMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = True):
+      x = nn.Dropout(0.5, deterministic=not train)(nn.relu(nn.Dense(4, name='hidden')(x)))
+      return nn.Dense(2, name='head')(x)
+
+  rp = geoparam.reparameterize(DropoutMLP(), 'gmp_imn')
+  v = rp.init(jax.random.key(0), x, train=False)
+  with pytest.raises(ValueError, match=r'training mode \(Dropout Dropout_0 with deterministic=False'):
+    rp.apply(v, x, train=True, rngs={'dropout': jax.random.key(1)})
+  rp.apply(v, x, train=False, mutable=['batch_stats'])  # no BatchNorm: mutability decides
