@@ -418,7 +418,7 @@ class Reparam(_Reparameterized):
     if plain.use_bias:
       plain.bias = nnx.Param(jnp.asarray(bias, self.kernel_dtype))
     elif np.any(bias != 0) and not carry_bias:
-      raise ValueError(f'layer {"/".join(str(p) for p in path)}: the plain layer has '
+      raise ValueError(f'layer {transform._name(path)}: the plain layer has '
                        'use_bias=False but the reparameterized one has a nonzero bias: no plain '
                        'weights match.')
     return plain, bias
