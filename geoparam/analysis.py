@@ -72,6 +72,7 @@ import numpy as np
 
 from geoparam import gmp
 from geoparam import methods
+from geoparam import schedules
 from geoparam import wrappers
 
 __all__ = [
@@ -396,15 +397,32 @@ _TRAINABLE = {
 }
 
 
+def _check_eps(eps) -> None:
+  """`perturb`'s size: real numbers; where concrete, finite."""
+  if schedules.real_dtype(eps) is None:
+    raise TypeError(f'perturb: eps must be a real number or array (the perturbation size), got '
+                    f'{eps!r:.60} of type {type(eps).__name__}.')
+  if not isinstance(eps, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(eps))):
+    raise ValueError(f'perturb: eps must be finite (a perturbation size such as 1e-3; negative '
+                     f'moves the other way), got eps = {eps!r:.60}: every parameter would become '
+                     'inf or NaN.')
+
+
 def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
   """Adds `eps` to every trainable parameter of a layer, in its own coordinates (Fig. 1b-e).
 
   SP: `w + eps, b + eps`; WN: `v + eps, g + eps, b + eps`; BN: the Dense
   kernel/bias and BN gamma/beta; GmP: `theta + eps, lam + eps, scale + eps`.
   Running statistics, `epsilon` and GmP's fixed fan-in-1 `sign` are left alone.
-  `eps` is a scalar (the paper's `eps * 1`) or broadcasts against each parameter.
-  Returns a new dict of the same structure.
+  `eps` is a scalar (the paper's `eps * 1`) or broadcasts against each parameter;
+  a negative one moves the other way (the paper's sizes are positive). Returns a
+  new dict of the same structure.
+
+  Raises TypeError for an `eps` that is not a real number or array (str, None,
+  bool, complex) and ValueError for a concrete one with an inf or NaN entry
+  (which would make every parameter non-finite); a traced `eps` is not checked.
   """
+  _check_eps(eps)
   kind = _check_kind(kind)
   _need(params, (), kind)
   out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in params.items()}

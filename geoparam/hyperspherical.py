@@ -22,6 +22,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
   'to_cartesian',
@@ -459,7 +460,7 @@ def _ldexp_jvp(primals, tangents):
 
 
 def _from_cartesian(w):
-  e, _ = _peak_exponent(w)
+  e, has_direction = _peak_exponent(w)  # some entry nonzero and all finite
   finite = jnp.all(jnp.isfinite(w))
   x = _ldexp(w, -e)  # exact; max |x| in [1, 2)
   # tail[k] = |x_{k:}|, computed as a reversed cumulative sum of squares.
@@ -471,8 +472,9 @@ def _from_cartesian(w):
   last = jnp.where(last < 0, jnp.minimum(last + two_pi, jnp.nextafter(two_pi, 0)), last)
   theta = jnp.concatenate([first, last[None]])
   radius = _ldexp(tail[0], e)  # exact scaling back, a subnormal radius included
-  # Inf or NaN entries: no direction; the radius is inf (or NaN if any entry is NaN).
-  theta = jnp.where(finite, theta, jnp.nan)
+  # A zero w, or inf or NaN entries: no direction (NaN angles); the radius is 0, inf (or NaN if
+  # any entry is NaN).
+  theta = jnp.where(has_direction, theta, jnp.nan)
   radius = jnp.where(finite, radius, jnp.sum(jnp.abs(w)))
   return theta, radius
 
@@ -503,8 +505,15 @@ def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
   Returns:
     `(theta, radius)`: theta shape `(n - 1,)` in the canonical ranges
     (`[0, pi]` for all but the last, `[0, 2 pi)` for the last), radius a scalar
-    `|w|`; both of `w`'s dtype. A zero `w` gives `theta = 0` and `radius = 0`;
-    a `w` with an inf or NaN entry gives NaN angles (and an inf or NaN radius).
+    `|w|`; both of `w`'s dtype. A `w` with an inf or NaN entry gives NaN angles
+    (and an inf or NaN radius).
+
+  Raises:
+    ValueError: for a concrete zero `w` (every entry 0): a zero vector has no
+      direction. Traced (under `jit`, `vmap`, `grad`, where values are not
+      known) a zero `w` gives NaN angles and `radius = 0` instead, never the
+      angles of some arbitrary direction; callers that convert weights check
+      for zero columns first (`methods.gmp.from_dense` names them).
 
   Angles are computed as `atan2(|w_{k+1:}|, w_k)` from tail norms, which are
   formed after an exact scaling by a power of two near `max |w|`: no tiny
@@ -525,6 +534,10 @@ def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
     raise ValueError(
         f'from_cartesian expects w of shape (n,) with n >= 2, got shape {w.shape}; '
         'a fan-in-1 direction is a sign, not an angle.')
+  if not isinstance(w, jax.core.Tracer) and not np.any(np.asarray(w) != 0):  # numpy: no flush
+    raise ValueError(
+        f'from_cartesian: w is zero (all {w.shape[0]} entries are 0): a zero vector has no '
+        'direction, so it has no angles; pass a nonzero w (traced, a zero w gives NaN angles).')
   return _from_cartesian_jit(w)
 
 

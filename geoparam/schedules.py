@@ -15,8 +15,9 @@ checkpoints. Feed `state.lr` to an optimizer built with
 The factories check their hyperparameters eagerly: epoch counts (`patience`,
 `cooldown`) must be Python or NumPy integers >= 0 (a bool, float or str raises
 `TypeError`), the real ones finite and in range (`ValueError`). `init` checks
-a concrete rate (finite, > 0) and `update` the metric's shape (one value per
-epoch; shapes are static, so this holds under `jit` too).
+a concrete rate (finite, > 0) and `update` the metric: a real number (a str,
+None, bool or complex metric is a `TypeError`) of one value per epoch (dtypes
+and shapes are static, so this holds under `jit` too).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
   'per_epoch_decay',
   'keep_best',
   'set_learning_rate',
+  'real_dtype',
 ]
 
 _MODES = ('min', 'max')
@@ -129,8 +131,32 @@ def _check_initial_lr(lr):
     raise ValueError(f'lr must be a finite learning rate > 0, got lr = {lr!r}.')
 
 
+def real_dtype(value):
+  """The dtype of `value` if it is real numbers (int or float: Python, NumPy or JAX, traced
+  too), else None (str, bytes, None, bool, complex, objects). Reads no values: jit-safe.
+
+    >>> real_dtype(1.0), real_dtype('1.0'), real_dtype(True)
+    (dtype('float64'), None, None)
+  """
+  if isinstance(value, (str, bytes, bool, np.bool_)) or value is None:
+    return None
+  try:
+    dtype = value.dtype if hasattr(value, 'dtype') else np.asarray(value).dtype
+  except (TypeError, ValueError):
+    return None
+  return dtype if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) else None
+
+
 def _metric(metric, state):
-  """The metric as float32, checked to be one value per schedule (static shapes, jit-safe)."""
+  """The metric as float32, checked to be real numbers, one per schedule (jit-safe: dtypes and
+  shapes are static)."""
+  dtype = real_dtype(metric)
+  if dtype is None:
+    dtype = getattr(metric, 'dtype', None)
+    raise TypeError(
+        f'metric must be a real number (a Python, NumPy or JAX int or float, or a float array '
+        f'under jit), got {metric!r:.60} of type {type(metric).__name__}'
+        + (f' (dtype {dtype})' if dtype is not None else '') + '.')
   metric = jnp.asarray(metric, jnp.float32)
   expected = jnp.shape(state.best)
   if metric.shape != expected:

@@ -29,13 +29,24 @@ folded into the layer before it when dropped) and `bake` converts back.
 
 IMN's train/eval switch: the field `use_running_average`, or when None, the
 running mean is used exactly when `batch_stats` is not mutable (Flax's usual
-train step passes `mutable=['batch_stats']`, evaluation does not).
+train step passes `mutable=['batch_stats']`, evaluation does not). It cannot
+contradict the model silently: the interceptor sees the model's own flags, the
+`use_running_average` of its BatchNorm calls (dropped ones too) and the
+`deterministic` of its Dropout calls, and outside `init` a call raises
+ValueError where they say training while `batch_stats` is immutable (a train
+step that forgot `mutable=['batch_stats']` would train with IMN frozen at its
+calibration mean; Flax's own BatchNorm raises there too) or every BatchNorm
+says evaluation while `batch_stats` is mutable (IMN would update its mean). IMN
+cannot simply follow those flags: a layer's IMN runs before the BatchNorm after
+it reveals the flag. Models with neither layer go by mutability alone; an
+explicit `use_running_average` is never checked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 import dataclasses
+import inspect
 import math
 from typing import Any
 
@@ -64,7 +75,14 @@ class Reparameterized(nn.Module):
   """`module` with its selected layers reparameterized; variables at the original paths.
 
   Build it with `reparameterize`. Call it like `module` (its `__call__`); other
-  methods through `call(name, *args, **kwargs)`.
+  methods through `call(name, *args, **kwargs)`, or as with the plain model:
+  `rp.apply(variables, x, method='encode')` (also `init`). `method` resolves
+  against the user's model first: a name of a method its class defines, its
+  unbound method (`Model.encode`, or `model.encode` bound), or any function
+  `fn(module, *args)` (a lambda) runs with the user's model as `module`,
+  reparameterized, as `model.apply(..., method=fn)` would; a function that
+  `Reparameterized` itself defines (`Reparameterized.call`) or a name only it
+  has (`'call'`) runs on `rp`, as Flax does.
 
   Attributes:
     module: the user's model (unchanged).
@@ -73,7 +91,8 @@ class Reparameterized(nn.Module):
       `wrappers.LAYER_TYPES`); `path` is relative to `module`.
     exclude: layer names or '/'-joined paths kept plain (e.g. `['head']`).
     drop_batchnorm: replace the selected `nn.BatchNorm` layers by the identity.
-    use_running_average: IMN's switch (None: by `batch_stats` mutability).
+    use_running_average: IMN's switch (None: by `batch_stats` mutability,
+      checked against the model's BatchNorm/Dropout flags; see the module doc).
     options: the method's options (`momentum`, `initialization`, ...).
   """
 
@@ -96,8 +115,43 @@ class Reparameterized(nn.Module):
     """Runs `module(*args, **kwargs)` with the selected layers reparameterized."""
     return self.call('__call__', *args, **kwargs)
 
-  def call(self, method_name: str, *args, **kwargs):
-    """Runs `getattr(module, method_name)(*args, **kwargs)` reparameterized."""
+  @nn.nowrap
+  def _resolve(self, method):
+    """`method` for Flax's `apply`/`init`: the user's model's methods run through `call`."""
+    if method is None:
+      return None
+    model = type(self.module)
+    if isinstance(method, str):
+      if (hasattr(type(self), method) and method != '__call__'
+          and not (hasattr(model, method) and not hasattr(nn.Module, method))):
+        return method  # one of Reparameterized's own ('call', ...)
+      name = method  # the model's: a method, or a submodule its setup defines
+      return lambda rp, *args, **kwargs: rp.call(name, *args, **kwargs)
+    fn = method.__func__ if inspect.ismethod(method) and isinstance(method.__self__,
+                                                                    nn.Module) else method
+    if not callable(fn):
+      raise TypeError(f'method must be a method name, a method or a function fn(module, *args), '
+                      f'got {method!r:.60} of type {type(method).__name__}.')
+    if getattr(Reparameterized, getattr(fn, '__name__', ''), None) is fn:
+      return fn  # Reparameterized's own method: Flax passes it `rp`
+    return lambda rp, *args, **kwargs: rp.call(fn, *args, **kwargs)
+
+  @nn.nowrap
+  def apply(self, variables, *args, method=None, **kwargs):
+    """`nn.Module.apply`; `method` may name or be a method of the user's model (see above)."""
+    return super().apply(variables, *args, method=self._resolve(method), **kwargs)
+
+  @nn.nowrap
+  def init_with_output(self, rngs, *args, method=None, **kwargs):
+    """`nn.Module.init_with_output` (and so `init`), `method` resolved as in `apply`."""
+    return super().init_with_output(rngs, *args, method=self._resolve(method), **kwargs)
+
+  def call(self, method_name: str | Callable, *args, **kwargs):
+    """Runs `getattr(module, method_name)(*args, **kwargs)` reparameterized.
+
+    `method_name` may also be a function `fn(module, *args, **kwargs)` (e.g. the
+    model's unbound method `Model.encode`), called with the user's model.
+    """
     method = self.get_method()
     prefix = len(self.path)
 
@@ -112,6 +166,9 @@ class Reparameterized(nn.Module):
       path = tuple(layer.path[prefix:])
       if isinstance(layer, (nn.BatchNorm,) + wrappers.LAYER_TYPES):
         seen.append(path)
+      mode = _training_flag(layer, args, kwargs)
+      if mode is not None:
+        modes.append((path,) + mode)
       if isinstance(layer, nn.BatchNorm):
         if self.drop_batchnorm and selected(self, layer, path):
           return _drop(_inputs(args, kwargs))
@@ -120,6 +177,7 @@ class Reparameterized(nn.Module):
         use_running_average = self.use_running_average
         if use_running_average is None:
           use_running_average = not layer.is_mutable_collection('batch_stats')
+          imn_frozen.append(use_running_average)
         x = _inputs(args, kwargs)
         y = wrappers.call(layer, method, layer, x, use_running_average)
         if self.drop_batchnorm and layer.is_initializing() and not getattr(layer, 'use_bias', True):
@@ -136,12 +194,61 @@ class Reparameterized(nn.Module):
           return layer(inputs)  # in the layer's own compact context, which may create variables
       return x
 
-    seen, chosen, bias_free, pending = [], [], [], []
+    seen, chosen, modes, imn_frozen, bias_free, pending = [], [], [], [], [], []
     with nn.intercept_methods(intercept):
-      out = getattr(self.module, method_name)(*args, **kwargs)
-    if method_name == '__call__':  # other methods may run a part of the model
-      _check(self, seen, chosen)
+      if isinstance(method_name, str):
+        out = getattr(self.module, method_name)(*args, **kwargs)
+      else:
+        out = method_name(self.module, *args, **kwargs)
+    if method_name in ('__call__', getattr(type(self.module), '__call__')):
+      _check(self, seen, chosen)  # other methods may run a part of the model
+    if method.imn is not None and imn_frozen and not self.is_initializing():
+      _check_imn_mode(self, imn_frozen[0], modes)
     return out
+
+
+def _training_flag(layer: nn.Module, args, kwargs):
+  """`(layer kind, flag, value, training)` of a BatchNorm or Dropout call, else None.
+
+  The model's own train/eval switch as the layer computes it (its call argument, else its
+  field): BatchNorm's `use_running_average` (False: training), Dropout's `deterministic`
+  (False: training; True says nothing, dropout may be off while training). None where unset.
+  """
+  if isinstance(layer, nn.BatchNorm):
+    kind, flag = 'BatchNorm', 'use_running_average'
+  elif isinstance(layer, nn.Dropout):
+    kind, flag = 'Dropout', 'deterministic'
+  else:
+    return None
+  value = args[1] if len(args) > 1 else kwargs.get(flag)
+  value = getattr(layer, flag) if value is None else value
+  if value is None or isinstance(value, jax.core.Tracer):
+    return None
+  training = not bool(value)
+  if kind == 'Dropout' and not training:
+    return None
+  return kind, flag, bool(value), training
+
+
+def _check_imn_mode(rp: Reparameterized, frozen: bool, modes) -> None:
+  """Raises where IMN's mode (by `batch_stats` mutability) contradicts the model's own flags."""
+  if not modes:
+    return
+  model, method = type(rp.module).__name__, rp.get_method().name
+  shown = lambda rows: ', '.join(f'{k} {_name(p)} with {f}={v}' for p, k, f, v, _ in rows[:3])
+  training = [m for m in modes if m[-1]]
+  if frozen and training:
+    raise ValueError(
+        f'reparameterize({model}, {method!r}): the model runs in training mode '
+        f'({shown(training)}) but batch_stats is not mutable, so IMN would silently use its '
+        "frozen running mean: pass mutable=['batch_stats'] to apply in training steps (as for "
+        "BatchNorm), or fix IMN's mode with reparameterize(..., use_running_average=True).")
+  if not frozen and not training:
+    raise ValueError(
+        f'reparameterize({model}, {method!r}): the model runs in evaluation mode '
+        f'({shown(modes)}) but batch_stats is mutable, so IMN would use batch means and update its '
+        "running mean: evaluate without mutable=['batch_stats'], or fix IMN's mode with "
+        'reparameterize(..., use_running_average=False) (e.g. BatchNorm frozen while IMN trains).')
 
 
 def excluded(path: tuple, exclude) -> bool:
@@ -205,7 +312,8 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
     exclude: layer names (or '/'-joined paths) kept plain, e.g. the output layer.
     drop_batchnorm: make the model's BatchNorm layers (those `where`/`exclude`
       select) the identity, as the paper's GmP+IMN ResNet-50 does.
-    use_running_average: IMN's switch; None decides by `batch_stats` mutability.
+    use_running_average: IMN's switch; None decides by `batch_stats` mutability
+      and raises where the model's BatchNorm/Dropout flags contradict it.
     **options: the method's options (its factory's arguments), e.g.
       `momentum=0.9`, `initialization='layer'`, `epsilon=1e-6`.
   """
@@ -260,10 +368,23 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
         return rp.module.init(jax.random.key(0), *args, **kwargs)
       return rp.module.apply(v, *args, **kwargs)
 
-  if abstract:
-    jax.eval_shape(run, variables)
-  else:
-    run(variables)
+  try:
+    if abstract:
+      jax.eval_shape(run, variables)
+    else:
+      run(variables)
+  except (flax.errors.ScopeParamNotFoundError, flax.errors.ScopeCollectionNotFound,
+          flax.errors.ScopeVariableNotFoundError, flax.errors.ScopeParamShapeError) as e:
+    raise ValueError(
+        f'to_reparameterized: the variables do not fit the plain model {type(rp.module).__name__} '
+        f'(they have {_collections(variables)}): {str(e).split(" (https")[0]} Pass the plain '
+        "model's variables (model.init's or training's, with their params and batch_stats), not "
+        "rp's.") from None
+  except flax.errors.ModifyScopeVariableError as e:
+    raise ValueError(
+        f'to_reparameterized: the plain model updates its statistics on these inputs '
+        f'({str(e).split(" (https")[0]}): give evaluation-mode arguments, e.g. train=False.'
+        ) from None
   _check(rp, seen, list(layers))
   return layers, norms
 
@@ -313,6 +434,21 @@ def _unfrozen(variables):
 
 def _name(path):
   return '/'.join(str(p) for p in path) or '<root>'
+
+
+def _collections(variables) -> str:
+  """The collections `variables` hold, for messages."""
+  if isinstance(variables, Mapping):
+    return f'collections {sorted(variables)}'
+  return f'a {type(variables).__name__}'
+
+
+def _lookup(variables, collection: str, path):
+  """`variables[collection][path...]`, or None where it is missing."""
+  try:
+    return _get(variables[collection], path)
+  except (KeyError, TypeError, IndexError):
+    return None
 
 
 def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
@@ -496,14 +632,28 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   dropped = _dropped(rp, layers, norms)
   new = _unfrozen(variables)
   biases = {}  # layers without a bias of their own: their bias goes to the dropped BatchNorm
+  given = ("pass the variables to_reparameterized or training returned, with their params and "
+           f"batch_stats (these have {_collections(variables)})")
   for path, call in layers.items():
     layer = call.layer
-    stored = _get(variables['params'], path)
     kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)
+    stored = _lookup(variables, 'params', path)
+    names = sorted(method.params(kernel_shape, methods.Layer(
+        use_bias=getattr(layer, 'use_bias', True)), lambda: None))
+    if not isinstance(stored, Mapping) or not set(names) <= set(stored):
+      held = sorted(stored) if isinstance(stored, Mapping) else None
+      raise ValueError(
+          f'bake: the variables lack params/{_name(path)} of layer {_name(path)} '
+          f'({method.name}\'s {names}' + (f'; they hold {held}' if held else '') + '): '
+          + (f"these are the plain model's; " if held and 'kernel' in held else '') + given + '.')
     mean = None
     if method.imn is not None:
-      mean = np.asarray(_get(variables['batch_stats'], path)['input_mean_norm']['mean'],
-                        np.float64)
+      mean = _lookup(variables, 'batch_stats', path + ('input_mean_norm', 'mean'))
+      if mean is None:
+        raise ValueError(
+            f"bake: the variables lack IMN's running mean batch_stats/{_name(path)}/"
+            f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
+      mean = np.asarray(mean, np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
     kernel, bias = plain_layer(method, layer, stored, kernel_shape, mean, path,
                                approximate_borders)

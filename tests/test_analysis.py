@@ -419,3 +419,17 @@ def test_any_registered_method_is_read_through_its_record():
     analysis.boundary_location({'v': np.ones((3, 2)), 'extra': np.ones(2)}, 'lcw')
   with pytest.raises(ValueError, match='REGISTRY'):
     analysis.boundary_location(params, 'nope')
+
+
+def test_perturb_rejects_non_finite_and_non_numeric_eps():
+  # A NaN eps used to return all-NaN params.
+  params = {'kernel': jnp.ones((2, 1)), 'bias': jnp.zeros(1)}
+  for eps in [np.nan, np.inf, -np.inf, jnp.asarray([1e-3, np.nan])]:
+    with pytest.raises(ValueError, match='perturb: eps must be finite.*got eps = '):
+      analysis.perturb(params, eps, 'sp')
+  for eps in ['1e-3', None, True]:
+    with pytest.raises(TypeError, match='perturb: eps must be a real number'):
+      analysis.perturb(params, eps, 'sp')
+  np.testing.assert_allclose(analysis.perturb(params, -0.5, 'sp')['kernel'], 0.5)  # negative: fine
+  traced = jax.jit(lambda e: analysis.perturb(params, e, 'sp')['bias'])(1e-3)
+  np.testing.assert_allclose(traced, 1e-3)

@@ -438,6 +438,24 @@ def test_from_cartesian_non_finite_gives_nan_angles():
   assert np.all(np.isnan(theta)) and np.isnan(radius)
 
 
+def test_from_cartesian_zero_vector_raises_eagerly_and_gives_nan_angles_traced():
+  # A zero vector has no direction: a concrete one is a ValueError naming w, a traced one (jit,
+  # vmap over the columns of a kernel) NaN angles with radius 0, never the angles 0 silently.
+  for dtype in ['float32', 'bfloat16']:
+    with pytest.raises(ValueError, match='w is zero.*no direction'):
+      hs.from_cartesian(jnp.zeros(3, dtype))
+  with pytest.raises(ValueError, match='w is zero'):
+    hs.from_cartesian(np.zeros(4, np.int32))
+  theta, radius = _from(jnp.zeros(3))
+  assert np.all(np.isnan(theta)) and radius == 0
+  w = np.asarray([[0.0, 3.0], [0.0, -4.0], [0.0, 0.0]], np.float32)
+  theta, radius = jax.vmap(hs.from_cartesian, in_axes=1, out_axes=(1, 0))(w)
+  assert np.all(np.isnan(theta[:, 0])) and np.all(np.isfinite(theta[:, 1]))
+  np.testing.assert_allclose(radius, [0.0, 5.0])
+  # A subnormal w is not zero (numpy reads it; XLA on CPU would flush it).
+  assert np.all(np.isfinite(hs.from_cartesian(jnp.asarray([1e-45, 0.0], jnp.float32))[0]))
+
+
 def test_from_cartesian_gradient_is_scale_covariant(x64):
   w = jnp.asarray(np.random.default_rng(4).normal(size=6))
   check_grads(hs.from_cartesian, (w,), order=1, modes=('rev', 'fwd'))

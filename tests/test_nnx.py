@@ -514,3 +514,35 @@ def test_nnx_vs_linen_benchmark_runs_on_tiny_shapes(tmp_path):
 
 if __name__ == '__main__' and sys.argv[1:] == ['sharded']:
   _sharded_worker()
+
+
+def test_bake_errors_name_the_layer_path():
+  """Issue (clear errors): bake's errors name the layer's path, not its type ('layer GmP')."""
+
+  class Block(nnx.Module):
+    def __init__(self, rngs):
+      self.conv = nnx.Conv(2, 3, (3, 3), padding='SAME', rngs=rngs)
+      self.dense = nnx.Linear(3, 3, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+      return self.dense(nnx.relu(self.conv(x)))
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.blocks = nnx.List([Block(rngs)])
+
+    def __call__(self, x):
+      return self.blocks[0](x)
+
+  model = Net(nnx.Rngs(0))
+  x = _x((2, 5, 5, 2))
+  gnnx.reparameterize(model, 'gmp_imn', x, where=lambda layer, path: path[-1] == 'conv')
+  model.blocks[0].conv.input_mean_norm['mean'][...] = jnp.ones(2)  # as after training
+  with pytest.raises(ValueError, match='layer blocks/0/conv: a conv that pads zeros'):
+    gnnx.bake(model)
+  model = Net(nnx.Rngs(0))
+  dense = model.blocks[0].dense  # a checkpoint that holds lam for a bias-free layer
+  stored = gnnx.Reparam(dense, 'gmp', initialization='layer').params()
+  model.blocks[0].dense = gnnx.Reparam(dense, 'gmp', params={**stored, 'lam': jnp.ones(3)})
+  with pytest.raises(ValueError, match='layer blocks/0/dense: the plain layer has use_bias=False'):
+    gnnx.bake(model)

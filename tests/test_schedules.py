@@ -367,3 +367,23 @@ def test_update_rejects_a_non_scalar_metric(make, init_args):
   states = jax.vmap(lambda _: sched.init(*init_args))(jnp.arange(3))
   out = jax.jit(jax.vmap(sched.update))(states, jnp.asarray([1.0, 2.0, 3.0]))
   np.testing.assert_array_equal(out.best, [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize('make,init_args', [(schedules.reduce_on_plateau, (1.0,)),
+                                            (schedules.early_stopping, ())])
+def test_update_rejects_a_non_numeric_metric(make, init_args):
+  # jnp.asarray('1.0', float32) is 1.0: a str metric used to be read silently.
+  sched = make(patience=1)
+  state = sched.init(*init_args)
+  for metric, kind in [('1.0', 'str'), (None, 'NoneType'), (True, 'bool'), (b'1', 'bytes'),
+                       (np.asarray(1 + 2j), 'ndarray'), ({'acc': 1.0}, 'dict')]:
+    with pytest.raises(TypeError, match=f'metric must be a real number .*of type {kind}'):
+      sched.update(state, metric)
+  with pytest.raises(TypeError, match=r"got '1.0' of type str"):
+    sched.update(state, '1.0')
+  with pytest.raises(TypeError, match='dtype bool'):  # a traced bool: dtypes are static
+    jax.jit(sched.update)(state, jnp.asarray(True))
+  # Numbers of every kind, and arrays under jit, still work.
+  for metric in [1, 1.0, np.float64(1.0), np.int32(1), jnp.asarray(1.0, jnp.bfloat16)]:
+    assert float(sched.update(state, metric).best) == 1.0
+  assert float(jax.jit(sched.update)(state, jnp.asarray(2.0)).best) == 2.0

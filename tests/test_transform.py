@@ -323,7 +323,7 @@ def test_a_bias_term_only_where_a_dropped_batchnorm_needs_one(method, bias):
   assert bias not in kept['c'] and bias not in kept['c2'] and 'bn' in kept
   assert bias in dropped['c'] and bias not in dropped['c2'] and 'bn' not in dropped
   out, _ = drop.apply({'params': dropped, **{k: v for k, v in drop.init(
-      jax.random.key(0), x).items() if k != 'params'}}, x, mutable=['batch_stats'])
+      jax.random.key(0), x).items() if k != 'params'}}, x, train=True, mutable=['batch_stats'])
   assert np.all(np.isfinite(out))
   model = _BiasFree()
   sp = model.init(jax.random.key(2), x)
@@ -355,3 +355,116 @@ def test_a_checkpoint_with_lam_on_a_bias_free_layer_still_uses_it():
   kernel, _ = geoparam.methods.get('gmp').apply(params, (5, 3))
   np.testing.assert_allclose(layer.apply({'params': old}, x),
                              x @ kernel + old['scale'] * old['lam'], rtol=1e-5, atol=1e-6)
+
+
+class _DenseBN(nn.Module):
+  """Dense -> BatchNorm -> relu -> Dense: the smallest model with a BatchNorm to drop."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    x = nn.BatchNorm(use_running_average=not train, name='bn')(nn.Dense(4, name='hidden')(x))
+    return nn.Dense(2, name='head')(nn.relu(x))
+
+
+def test_missing_variables_are_errors_naming_the_entry_and_the_layer():
+  """Issue (clear errors): variables without batch_stats or without a layer's params."""
+  model, x = _DenseBN(), jax.random.normal(jax.random.key(0), (4, 3))
+  sp = model.init(jax.random.key(1), x, train=False)
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True)
+  new = geoparam.to_reparameterized(rp, sp, x, train=False)
+  # bake: IMN's running mean missing (was a bare KeyError 'batch_stats').
+  with pytest.raises(ValueError, match=r"bake: the variables lack IMN's running mean "
+                     r"batch_stats/hidden/input_mean_norm/mean for layer hidden .*to_reparameterized "
+                     r"or training returned, with their params and batch_stats .*\['params'\]"):
+    geoparam.bake(rp, {'params': new['params']}, x, train=False)
+  # bake: a layer's params missing, or the plain model's given.
+  with pytest.raises(ValueError, match=r"lack params/hidden of layer hidden \(gmp_imn's \['lam', "
+                     r"'scale', 'theta'\]\)"):
+    geoparam.bake(rp, {'params': {'head': new['params']['head']},
+                       'batch_stats': new['batch_stats']}, x, train=False)
+  with pytest.raises(ValueError, match=r"they hold \['bias', 'kernel'\]\): these are the plain "):
+    geoparam.bake(rp, sp, x, train=False)
+  # to_reparameterized: the dropped BatchNorm's statistics, or a layer's params, missing.
+  with pytest.raises(ValueError, match=r'to_reparameterized: the variables do not fit the plain '
+                     r'model _DenseBN .*"mean" from collection "batch_stats" in "/bn"'):
+    geoparam.to_reparameterized(rp, {'params': sp['params']}, x, train=False)
+  with pytest.raises(ValueError, match=r'parameter named "kernel" in scope "/hidden"'):
+    geoparam.to_reparameterized(rp, {'params': {k: v for k, v in sp['params'].items()
+                                                if k != 'hidden'},
+                                     'batch_stats': sp['batch_stats']}, x, train=False)
+  with pytest.raises(ValueError, match='give evaluation-mode arguments, e.g. train=False'):
+    geoparam.to_reparameterized(rp, sp, x, train=True)
+
+
+def test_apply_and_init_method_resolve_against_the_users_model():
+  """`rp.apply(..., method=m)` works like `model.apply(..., method=m)`: the model's method by
+  name, its unbound (or bound) method, a function of the module; rp's own `call` still works."""
+
+  class Embedder(nn.Module):
+    def setup(self):
+      self.embed = nn.Dense(4, name='embed')
+      self.head = nn.Dense(2, name='head')
+
+    def embed_token_ids(self, x):
+      return nn.relu(self.embed(x))
+
+    def __call__(self, x):
+      return self.head(self.embed_token_ids(x))
+
+  model, x = Embedder(), jax.random.normal(jax.random.key(0), (3, 5))
+  sp = model.init(jax.random.key(1), x)
+  rp = geoparam.reparameterize(model, 'gmp', exclude=['head'])
+  v = geoparam.to_reparameterized(rp, sp, x)
+  ref = model.apply(sp, x, method='embed_token_ids')
+  for method in ['embed_token_ids', Embedder.embed_token_ids, model.embed_token_ids,
+                 lambda module, x: module.embed_token_ids(x)]:
+    out = rp.apply(v, x, method=method)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+  assert 'theta' in rp.init(jax.random.key(2), x, method='embed_token_ids')['params']['embed']
+  np.testing.assert_allclose(rp.apply(v, 'embed_token_ids', x, method='call'), ref, atol=1e-5)
+  np.testing.assert_allclose(rp.apply(v, x, method=Embedder.__call__), model.apply(sp, x),
+                             atol=1e-5)
+  with pytest.raises(AttributeError, match='no attribute "nope"'):
+    rp.apply(v, x, method='nope')
+
+
+def test_imn_mode_cannot_silently_contradict_the_models_train_flag():
+  """A train step that forgets mutable=['batch_stats'] would train with IMN frozen at its
+  calibration mean: the model's own flags (its dropped BatchNorm's use_running_average, a
+  Dropout's deterministic) say it trains, so that is an error, under jit and grad too."""
+  model, x = _DenseBN(), jax.random.normal(jax.random.key(0), (4, 3)) + 1.0
+  sp = model.init(jax.random.key(1), x, train=False)
+  rp = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True)
+  v = geoparam.to_reparameterized(rp, sp, x, train=False)
+  forgot = r"training mode \(BatchNorm bn with use_running_average=False\) but batch_stats is " \
+           r"not mutable, so IMN would silently use its frozen running mean: pass mutable="
+  with pytest.raises(ValueError, match=forgot):
+    rp.apply(v, x, train=True)
+  loss = lambda params: jnp.sum(rp.apply({**v, 'params': params}, x, train=True))
+  with pytest.raises(ValueError, match=forgot):
+    jax.jit(jax.grad(loss))(v['params'])
+  with pytest.raises(ValueError, match=r"evaluation mode \(BatchNorm bn with use_running_average="
+                     r"True\) but batch_stats is mutable"):
+    rp.apply(v, x, train=False, mutable=['batch_stats'])
+  # The consistent calls work: training moves the running mean, evaluation reads it.
+  _, upd = rp.apply(v, x * 3, train=True, mutable=['batch_stats'])
+  assert not np.allclose(upd['batch_stats']['hidden']['input_mean_norm']['mean'],
+                         v['batch_stats']['hidden']['input_mean_norm']['mean'])
+  rp.apply(v, x, train=False)
+  rp.init(jax.random.key(2), x, train=False)  # init: every collection is mutable, no check
+  # An explicit use_running_average is the user's choice: not checked.
+  fixed = geoparam.reparameterize(model, 'gmp_imn', exclude=['head'], drop_batchnorm=True,
+                                  use_running_average=True)
+  np.testing.assert_array_equal(fixed.apply(v, x, train=True), rp.apply(v, x, train=False))
+
+  class DropoutMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = True):
+      x = nn.Dropout(0.5, deterministic=not train)(nn.relu(nn.Dense(4, name='hidden')(x)))
+      return nn.Dense(2, name='head')(x)
+
+  rp = geoparam.reparameterize(DropoutMLP(), 'gmp_imn')
+  v = rp.init(jax.random.key(0), x, train=False)
+  with pytest.raises(ValueError, match=r'training mode \(Dropout Dropout_0 with deterministic=False'):
+    rp.apply(v, x, train=True, rngs={'dropout': jax.random.key(1)})
+  rp.apply(v, x, train=False, mutable=['batch_stats'])  # no BatchNorm: mutability decides

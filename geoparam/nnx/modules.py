@@ -402,26 +402,29 @@ class Reparam(_Reparameterized):
     """Applies the layer to `inputs` with its reparameterized kernel and bias."""
     return self._dispatch(inputs, use_running_average)
 
-  def plain_layer(self, *, approximate_borders: bool = False, carry_bias: bool = False):
+  def plain_layer(self, *, approximate_borders: bool = False, carry_bias: bool = False,
+                  path: tuple = ()):
     """`(layer, bias)`: a new plain NNX layer (the wrapped type) with this wrapper's function.
 
     `bias` (numpy float64) is the bias the function needs; for a layer with
     `use_bias=False` a nonzero one raises unless `carry_bias` (the caller puts it
-    elsewhere, as `bake` does into a following BatchNorm).
+    elsewhere, as `bake` does into a following BatchNorm). `path`: the layer's
+    path in the model, for error messages (default: the wrapper's type).
     """
+    path = tuple(path) or (type(self).__name__,)
     mean = None
     if self.method.imn is not None:
       mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
     kernel, bias = transform.plain_layer(self.method, self.layer, self.params(),
-                                         self.kernel_shape, mean, (type(self).__name__,),
-                                         approximate_borders)
+                                         self.kernel_shape, mean, path, approximate_borders)
     plain = nnx.clone(self.layer)
     plain.kernel = _param(jnp.asarray(kernel, self.kernel_dtype), self.kernel_names)
     if plain.use_bias:
       plain.bias = nnx.Param(jnp.asarray(bias, self.kernel_dtype))
     elif np.any(bias != 0) and not carry_bias:
-      raise ValueError(f'{type(self).__name__}: the plain layer has use_bias=False but the '
-                       'reparameterized one has a nonzero bias: no plain weights match.')
+      raise ValueError(f'layer {transform._name(path)}: the plain layer has '
+                       'use_bias=False but the reparameterized one has a nonzero bias: no plain '
+                       'weights match.')
     return plain, bias
 
 

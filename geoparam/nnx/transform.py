@@ -251,7 +251,7 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
       layer, bias = node.plain_layer(approximate_borders=approximate_borders,
                                      carry_bias=any(
                                          isinstance(n, DroppedBatchNorm) and n.producer == path
-                                         for _, n in nodes))
+                                         for _, n in nodes), path=path)
       plain[path] = layer
       if not layer.use_bias:
         biases[path] = bias
