@@ -188,6 +188,31 @@ def test_nnx_attention_model_reparameterizes_and_bakes_in_place_exactly(method):
   assert _rel(model(x), ref) <= 1e-5, method
 
 
+def test_a_registered_method_serves_attention_projections(trained_block):
+  """A method defined outside geoparam (test_methods' expwn) on the same models, no edit."""
+  from geoparam import methods
+  from test_methods import expwn
+  methods.register('expwn', expwn)
+  try:
+    model, sp, x = trained_block
+    ref = model.apply(sp, x)
+    rp = geoparam.reparameterize(model, 'expwn')
+    new = geoparam.to_reparameterized(rp, sp, x)
+    assert new['params']['attn']['query']['kernel'].shape == (6, 8)
+    assert new['params']['attn']['out']['log_scale'].shape == (6,)
+    assert _rel(rp.apply(new, x), ref) <= 1e-5
+    assert _rel(model.apply(geoparam.bake(rp, new, x), x), ref) <= 1e-5
+    nnx_model = NNXBlock(nnx.Rngs(0))
+    ref = nnx_model(x)
+    gnnx.reparameterize(nnx_model, 'expwn', x)
+    assert nnx_model.attn.key.log_scale.shape == (8,)
+    assert _rel(nnx_model(x), ref) <= 1e-5
+    gnnx.bake(nnx_model)
+    assert _rel(nnx_model(x), ref) <= 1e-5
+  finally:
+    del methods.REGISTRY['expwn']
+
+
 def test_sharding_names_of_tuple_features_go_to_the_first_feature_axis():
   """A kernel named ('embed', 'heads', 'kv'): the method's flattened unit axis is 'heads'."""
   names = ('embed', 'heads', 'kv')
