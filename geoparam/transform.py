@@ -20,10 +20,12 @@
     True
 
 `reparameterize(model, method)` runs `model` with every selected `nn.Dense`,
-`nn.Conv` and `nn.DenseGeneral` call replaced by the method's wrapper
-(`geoparam.wrappers`), its variables created at the layer's own path, so the
-variable tree keeps the model's names; `drop_batchnorm=True` makes the model's
-`nn.BatchNorm` layers the identity (the paper's ResNet-50 with GmP+IMN).
+`nn.Conv` and `nn.DenseGeneral` call (several output axes too: attention's
+q/k/v/out projections) replaced by the method's wrapper (`geoparam.wrappers`),
+its variables created at the layer's own path, so the variable tree keeps the
+model's names; `drop_batchnorm=True` makes the model's `nn.BatchNorm` layers the
+identity (the paper's ResNet-50 with GmP+IMN). A selected `nn.Einsum` or
+`nn.ConvLocal` is an error naming it (exclude it to keep it plain).
 `to_reparameterized` converts a trained plain model's variables (BatchNorm
 folded into the layer before it when dropped) and `bake` converts back.
 
@@ -88,7 +90,8 @@ class Reparameterized(nn.Module):
     module: the user's model (unchanged).
     method: a name in `geoparam.methods.REGISTRY` or a `geoparam.methods.Method`.
     where: `where(layer, path) -> bool` selects layers (default: all of
-      `wrappers.LAYER_TYPES`); `path` is relative to `module`.
+      `wrappers.LAYER_TYPES`; it also sees `wrappers.UNSUPPORTED_TYPES`, which
+      raise when selected); `path` is relative to `module`.
     exclude: layer names or '/'-joined paths kept plain (e.g. `['head']`).
     drop_batchnorm: replace the selected `nn.BatchNorm` layers by the identity.
     use_running_average: IMN's switch (None: by `batch_stats` mutability,
@@ -164,11 +167,12 @@ class Reparameterized(nn.Module):
       if wrappers.bypassed() or context.method_name != '__call__':
         return next_fun(*args, **kwargs)
       path = tuple(layer.path[prefix:])
-      if isinstance(layer, (nn.BatchNorm,) + wrappers.LAYER_TYPES):
+      if isinstance(layer, _CANDIDATES):
         seen.append(path)
       mode = _training_flag(layer, args, kwargs)
       if mode is not None:
         modes.append((path,) + mode)
+      _refuse_unsupported(self, layer, path)
       if isinstance(layer, nn.BatchNorm):
         if self.drop_batchnorm and selected(self, layer, path):
           return _drop(_inputs(args, kwargs))
@@ -249,6 +253,24 @@ def _check_imn_mode(rp: Reparameterized, frozen: bool, modes) -> None:
         f'({shown(modes)}) but batch_stats is mutable, so IMN would use batch means and update its '
         "running mean: evaluate without mutable=['batch_stats'], or fix IMN's mode with "
         'reparameterize(..., use_running_average=False) (e.g. BatchNorm frozen while IMN trains).')
+
+
+_CANDIDATES = (nn.BatchNorm,) + wrappers.LAYER_TYPES + wrappers.UNSUPPORTED_TYPES
+
+
+def unsupported(kind: str, path, framework: str = 'nn') -> ValueError:
+  """The error for a selected layer the transforms cannot reparameterize (Einsum, ConvLocal)."""
+  name = '/'.join(str(p) for p in path) or '<root>'
+  return ValueError(
+      f'layer {name!r} is an {framework}.{kind}, which geoparam cannot reparameterize (its '
+      'kernel has no fixed split into fan-in and output units), and the selection picks it. '
+      f'Keep it plain: exclude=[{str(path[-1]) if path else name!r}] (or its \'/\'-joined '
+      'path), or a where= that leaves it out.')
+
+
+def _refuse_unsupported(rp, layer, path) -> None:
+  if isinstance(layer, wrappers.UNSUPPORTED_TYPES) and selected(rp, layer, path):
+    raise unsupported(type(layer).__name__, path)
 
 
 def excluded(path: tuple, exclude) -> bool:
@@ -354,8 +376,9 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
     y = next_fun(*a, **k)
     if context.method_name == '__call__' and not wrappers.bypassed():
       path = tuple(m.path)
-      if isinstance(m, (nn.BatchNorm,) + wrappers.LAYER_TYPES):
+      if isinstance(m, _CANDIDATES):
         seen.append(path)
+      _refuse_unsupported(rp, m, path)
       if isinstance(m, nn.BatchNorm):
         norms.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
       elif isinstance(m, wrappers.LAYER_TYPES) and selected(rp, m, path):
@@ -401,8 +424,19 @@ def _dropped(rp, layers, norms):
           f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
           'reparameterized Dense/Conv layer, so it cannot be folded (keep it with '
           'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
+    check_fold(layers[producer[0]].layer, producer[0], bn_path)
     pairs[producer[0]] = bn_path
   return pairs
+
+
+def check_fold(layer, path, bn_path) -> None:
+  """Raises unless a dropped BatchNorm can be folded into `layer` (one output axis)."""
+  features = wrappers.feature_shape(layer)
+  if len(features) > 1:
+    raise ValueError(
+        f'BatchNorm {_name(bn_path)} is dropped but the layer {_name(path)} before it has '
+        f'several output axes {features}: its per-channel affine cannot be carried by that '
+        "layer's bias both ways (keep it with drop_batchnorm=False, or exclude it).")
 
 
 def _get(tree, path):
@@ -501,7 +535,7 @@ def _flat_mean(layer, x):
 
 
 def _mean_dot(layer, mean, kernel):
-  """`w_f^T m` per unit `(F,)`: the IMN running mean `m` against a kernel in its layer shape.
+  """`w_f^T m` per unit `(F,)`: the IMN running mean `m` against a kernel in the method's shape.
 
   A conv sees the channels of its group at every window position; a dense layer
   the flattened contracted axes.
@@ -561,7 +595,8 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
 
   Args:
     method: a `geoparam.methods.Method` (or a registry name).
-    layer: the layer (its fields; linen or NNX), `kernel` and `bias` (None: no bias) its params.
+    layer: the layer (its fields; linen or NNX), `kernel` and `bias` (None: no bias) its params
+      in its own layout (a DenseGeneral's `(*contracted, *features)`).
     inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
     path: for error messages.
     fold: optional `(s, t)` of a following BatchNorm folded in (`bn_affine`).
@@ -573,13 +608,15 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
   method = methods.get(method)
   dtype = jnp.asarray(kernel).dtype
   kernel = np.asarray(kernel, np.float64)
-  features = kernel.shape[-1]
+  features = wrappers.feature_shape(layer)
   bias = np.zeros(features) if bias is None else np.asarray(bias, np.float64)
   if fold is not None:
     s, t = fold
     kernel, bias = kernel * s, bias * s + t
   # A dropped BatchNorm's shift belongs to the layer before it, bias-free or not.
   use_bias = getattr(layer, 'use_bias', True) or fold is not None
+  kernel = kernel.reshape(wrappers.method_shape(layer, kernel.shape))  # units: every output
+  bias = bias.reshape(-1)
   imn = method.imn is not None
   mean = _flat_mean(layer, inputs) if imn and use_bias and _padding_free(layer) else None
   if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
@@ -601,12 +638,15 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
 def plain_layer(method, layer, stored, kernel_shape, mean, path=(), approximate_borders=False):
   """`(kernel, bias)` numpy float64 of the plain layer from `method`'s stored variables.
 
-  `mean`: IMN's running mean (None without IMN); see `bake` for `approximate_borders`.
+  `kernel_shape`: the layer's own (`(*contracted, *features)`); the kernel and bias
+  come back in the layer's layout. `mean`: IMN's running mean (None without IMN);
+  see `bake` for `approximate_borders`.
   """
   method = methods.get(method)
-  kernel, bias = method.bake({k: meta.unbox(v) for k, v in stored.items()}, tuple(kernel_shape))
-  kernel = np.asarray(kernel, np.float64).reshape(kernel_shape)
-  bias = np.zeros(kernel_shape[-1]) if bias is None else np.asarray(bias, np.float64)
+  shape = wrappers.method_shape(layer, kernel_shape)
+  kernel, bias = method.bake({k: meta.unbox(v) for k, v in stored.items()}, shape)
+  kernel = np.asarray(kernel, np.float64).reshape(shape)
+  bias = np.zeros(shape[-1]) if bias is None else np.asarray(bias, np.float64)
   if mean is not None and np.any(mean != 0):
     if not _padding_free(layer) and not approximate_borders:
       raise ValueError(
@@ -614,7 +654,7 @@ def plain_layer(method, layer, stored, kernel_shape, mean, path=(), approximate_
           'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
           'approximate_borders=True to fold the mean anyway.')
     bias = bias - _mean_dot(layer, mean, kernel)
-  return kernel, bias
+  return run.layer_layout(kernel, bias, wrappers.feature_shape(layer))
 
 
 def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = False, **kwargs):
@@ -677,6 +717,8 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
       affine['bias'] = jnp.asarray(biases.pop(layer_path, np.zeros(features)), dtype)
     if affine:
       _put(new['params'], bn_path, affine)
+  if not new.get('batch_stats', True) and 'batch_stats' not in shapes:
+    del new['batch_stats']  # IMN's running means were all there was
   for layer_path, bias in biases.items():
     if np.any(bias != 0):
       raise ValueError(f'layer {_name(layer_path)} has use_bias=False in the plain model (and '

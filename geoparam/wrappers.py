@@ -1,10 +1,13 @@
 """One linen wrapper over any method: `Reparam(layer, method)`, and `GmP`, `LCW`, `CWN`, `WN`.
 
 A wrapper stores its method's variables (`geoparam.methods`) and hands the
-wrapped layer (`nn.Dense`, `nn.Conv`, `nn.DenseGeneral` with one output axis)
-the `kernel` and `bias` they stand for; the layer then runs unchanged, so
-padding, groups, dtypes and precision are Flax's by construction. A layer's
-fan-in is every kernel axis but the last.
+wrapped layer (`nn.Dense`, `nn.Conv`, `nn.DenseGeneral`) the `kernel` and `bias`
+they stand for; the layer then runs unchanged, so padding, groups, dtypes and
+precision are Flax's by construction. A method's units are the layer's outputs
+and their fan-in every other kernel axis: a DenseGeneral with several output
+axes (`features=(heads, head_dim)`, attention's q/k/v) is seen as the kernel
+`(*contracted, heads * head_dim)` (`method_shape`), its kernel and bias put back
+in the layer's shape before it runs (`methods.run.layer_layout`).
 
 =======  ==========================================  ====================================
 method   stored (collection `params`)                the layer sees
@@ -51,13 +54,19 @@ from geoparam.methods.lcw import v_from_kernel
 from geoparam.methods.wn import weight_norm
 from geoparam.normalization import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'call', 'add_bias',
-           'layer_ops', 'layer_kernel_shape', 'contract_axes', 'run_layer', 'weight_norm',
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'call',
+           'add_bias', 'layer_ops', 'layer_kernel_shape', 'feature_shape', 'method_shape',
+           'method_names', 'contract_axes', 'run_layer', 'weight_norm',
            'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
 
 Initializer = Callable[..., jax.Array]
 
 LAYER_TYPES = (nn.Dense, nn.Conv, nn.DenseGeneral)
+
+# Kernel layers the whole-model transform refuses when its selection picks them (rather than
+# leave them plain in silence): an einsum's kernel has no fixed fan-in/features split, a
+# locally connected conv one kernel per output position.
+UNSUPPORTED_TYPES = (nn.Einsum, nn.ConvLocal)
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -74,15 +83,18 @@ def _describe(holder: nn.Module, layer: nn.Module | None = None) -> str:
 
 def layer_kernel_shape(layer: nn.Module, inputs_shape: tuple[int, ...],
                        name: str | None = None) -> tuple[int, ...]:
-  """The kernel shape `(*fan_in_axes, features)` that `layer` builds for inputs of this shape.
+  """The kernel shape `(*fan_in_axes, *features)` that `layer` builds for inputs of this shape.
 
-  Raises a TypeError naming the layer (or `name`) for types other than
-  `LAYER_TYPES`, and a ValueError for kernels whose output is not one last axis.
+  (The layer's own; `method_shape` gives the one its method sees.) Raises a TypeError
+  naming the layer (or `name`) for types other than `LAYER_TYPES`, and a ValueError
+  for a DenseGeneral with `batch_dims`.
 
     >>> import flax.linen as nn, geoparam
     >>> conv = nn.Conv(8, (3, 3), feature_group_count=2)
     >>> geoparam.wrappers.layer_kernel_shape(conv, (1, 5, 5, 4))
     (3, 3, 2, 8)
+    >>> geoparam.wrappers.layer_kernel_shape(nn.DenseGeneral((2, 4)), (1, 6, 16))
+    (16, 2, 4)
   """
   name = name or _describe(layer)
   if isinstance(layer, nn.Conv):
@@ -92,15 +104,13 @@ def layer_kernel_shape(layer: nn.Module, inputs_shape: tuple[int, ...],
     return conv.kernel_shape(name, tuple(kernel_size), inputs_shape,
                              layer.features, layer.feature_group_count)
   if isinstance(layer, nn.DenseGeneral):
-    features = layer.features
-    features = (features,) if isinstance(features, numbers.Integral) else tuple(features)
-    if len(features) != 1 or layer.batch_dims:
+    if layer.batch_dims:
       raise ValueError(
-          f'{name}: only DenseGeneral with one output axis and no batch_dims can be '
-          f'reparameterized (features={layer.features!r}, batch_dims={layer.batch_dims!r}).')
+          f'{name}: a DenseGeneral with batch_dims (one kernel per batch entry) cannot be '
+          f'reparameterized (batch_dims={layer.batch_dims!r}); exclude it.')
     axis = (layer.axis,) if isinstance(layer.axis, numbers.Integral) else tuple(layer.axis)
     ndim = len(inputs_shape)
-    return tuple(inputs_shape[a % ndim] for a in axis) + features
+    return tuple(inputs_shape[a % ndim] for a in axis) + feature_shape(layer)
   if isinstance(layer, nn.Dense):
     if len(inputs_shape) < 1:
       raise ValueError(f'{name} expects inputs (..., fan_in), got a scalar.')
@@ -108,15 +118,43 @@ def layer_kernel_shape(layer: nn.Module, inputs_shape: tuple[int, ...],
   raise TypeError(
       f'{name} cannot be reparameterized: accepted layer types are '
       f'{", ".join(t.__name__ for t in LAYER_TYPES)} (a kernel with the output features on its '
-      'last axis and the fan-in on all other axes).')
+      'last axes and the fan-in on all other axes).')
+
+
+def feature_shape(layer) -> tuple[int, ...]:
+  """A layer's output features as a tuple (linen `features` or NNX `out_features`): `(F,)`,
+  or a DenseGeneral/LinearGeneral's several axes, e.g. `(heads, head_dim)`."""
+  features = getattr(layer, 'features', None)
+  if features is None:
+    features = layer.out_features
+  return tuple(features) if isinstance(features, (tuple, list)) else (features,)
+
+
+def method_shape(layer, kernel_shape) -> tuple[int, ...]:
+  """The kernel shape `layer`'s method sees for its kernel `kernel_shape`: the output features
+  flattened into one last axis (`methods.run.method_shape`); linen or NNX layers.
+
+    >>> import flax.linen as nn, geoparam
+    >>> geoparam.wrappers.method_shape(nn.DenseGeneral((2, 4)), (16, 2, 4))
+    (16, 8)
+  """
+  return run.method_shape(kernel_shape, feature_shape(layer))
+
+
+def method_names(layer, names):
+  """Sharding names of `layer`'s kernel (or bias), in its own layout, for the method's: the
+  flattened features axis takes the first feature axis's name (`('embed', 'heads', 'kv')` ->
+  `('embed', 'heads')`: blocks of whole heads when the mesh axis divides the heads)."""
+  if names is None:
+    return None
+  names = tuple(names)
+  return names[:max(len(names) - len(feature_shape(layer)) + 1, 0)]
 
 
 def _check_features(name, layer):
-  features = layer.features
-  if isinstance(features, tuple) and len(features) == 1:
-    features = features[0]
-  if isinstance(features, bool) or not isinstance(features, numbers.Integral) or features < 1:
-    raise ValueError(f'{name} needs features >= 1 (an integer), got {layer.features!r}.')
+  for features in feature_shape(layer):
+    if isinstance(features, bool) or not isinstance(features, numbers.Integral) or features < 1:
+      raise ValueError(f'{name} needs features >= 1 (integers), got {layer.features!r}.')
 
 
 def run_layer(layer: nn.Module, kernel: jax.Array, bias: jax.Array | None, inputs):
@@ -156,7 +194,8 @@ def _box_of(value):
 def _boxed(init, kernel_shape, kernel_box):
   """`init` whose unboxed output gets the kernel's partitioning names (`kernel_box()`, or None).
 
-  A kernel-shaped variable keeps the kernel's names; others put the kernel's last
+  `kernel_box()`'s names are in the method's layout (`method_names`). A
+  kernel-shaped variable keeps the kernel's names; others put the kernel's last
   name (the features) on their last axis and leave the rest unsharded (theta's
   and v's fan-in axis is a sequential product). An output already boxed is kept.
   """
@@ -227,7 +266,7 @@ def layer_ops(layer: nn.Module, ndim: int) -> run.LayerOps:
       run=lambda kernel, bias, x: run_layer(layer, kernel, bias, x),
       contract_axes=contract_axes(layer, ndim), precision=layer.precision,
       tap_mask=(lambda spatial: conv.tap_mask(layer, spatial)) if is_conv else None,
-      kernel_mask=layer.mask if is_conv else None)
+      kernel_mask=layer.mask if is_conv else None, features=feature_shape(layer))
 
 
 def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool:
@@ -238,24 +277,41 @@ def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool
 
 def _variables(holder: nn.Module, method: methods.Method, layer: nn.Module, kernel_shape,
                use_bias: bool, ops):
-  """`create_params` with the layer's own initializers (noting its kernel's partitioning)."""
+  """`create_params` with the layer's own initializers (noting its kernel's partitioning, its
+  names relabelled to the method's `kernel_shape`)."""
   dtype = layer.param_dtype
   boxes = [] if ops is None else [None]
 
+  def relabel(value):  # a box of the layer's layout in the method's
+    box = _box_of(value)
+    return value if box is None else dataclasses.replace(
+        box, names=method_names(layer, box.names))
+
   def kernel_init(key, shape, dtype=jnp.float32):  # the layer's own, noting its metadata
-    value = layer.kernel_init(key, shape, dtype)
+    value = relabel(layer.kernel_init(key, shape, dtype))
     if not boxes:
       boxes.append(_box_of(value))
     return value
 
+  def bias_init(key, shape, dtype=jnp.float32):
+    return relabel(layer.bias_init(key, shape, dtype))
+
   def box():  # the kernel's partitioning metadata (traced only if no variable drew a kernel)
     if not boxes:
-      boxes.append(_box_of(jax.eval_shape(lambda k: layer.kernel_init(k, kernel_shape, dtype),
-                                          jax.random.key(0))))
+      boxes.append(_box_of(relabel(jax.eval_shape(
+          lambda k: layer.kernel_init(k, kernel_shape, dtype), jax.random.key(0)))))
     return boxes[0]
 
-  layer_init = methods.Layer(kernel_init, getattr(layer, 'bias_init', None), use_bias)
+  layer_init = methods.Layer(kernel_init, bias_init if hasattr(layer, 'bias_init') else None,
+                             use_bias)
   return create_params(holder, method, kernel_shape, layer_init, dtype, box)
+
+
+def _method_kernel_shape(holder, layer, inputs_shape):
+  """The kernel shape the method sees (features flattened), checked; and the layer's name."""
+  name = _describe(holder, layer)
+  _check_features(name, layer)
+  return method_shape(layer, layer_kernel_shape(layer, inputs_shape, name)), name
 
 
 def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
@@ -274,9 +330,7 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   BatchNorm the whole-model transform drops (`add_bias`).
   """
   inputs = jnp.asarray(inputs)
-  name = _describe(holder, layer)
-  kernel_shape = layer_kernel_shape(layer, inputs.shape, name)
-  _check_features(name, layer)
+  kernel_shape, name = _method_kernel_shape(holder, layer, inputs.shape)
   methods.base.check_fan_in(method, kernel_shape, name)
   use_bias = getattr(layer, 'use_bias', True) or _holds_bias(holder, method, kernel_shape)
   input_mean = None
@@ -294,10 +348,10 @@ def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs
   from a compact method of it) and adds the bias it stands for to the layer's `outputs` on
   `inputs`. The whole-model transform gives one so to a layer whose BatchNorm it drops.
   """
-  kernel_shape = layer_kernel_shape(layer, jnp.shape(inputs), _describe(holder, layer))
+  kernel_shape, _ = _method_kernel_shape(holder, layer, jnp.shape(inputs))
   params, _ = _variables(holder, method, layer, kernel_shape, True, None)
   _, bias = method.apply(params, kernel_shape)
-  return outputs + bias.astype(outputs.dtype)
+  return outputs + bias.reshape(feature_shape(layer)).astype(outputs.dtype)
 
 
 # ----------------------------------------------------------------------------- wrapper modules

@@ -104,6 +104,8 @@ WRAPPED = [
                               kernel_dilation=(1, 2), feature_group_count=2, rngs=r),
    (2, 7, 8, 4)),
   ('LinearGeneral', lambda r: nnx.LinearGeneral((2, 3), 5, axis=(-2, -1), rngs=r), (4, 2, 3)),
+  ('LinearGeneralHeads', lambda r: nnx.LinearGeneral((2, 3), (2, 4), axis=(-2, -1), rngs=r),
+   (4, 2, 3)),
 ]
 
 

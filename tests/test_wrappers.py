@@ -250,8 +250,8 @@ def test_unsupported_layers_and_shapes_are_named():
   x = jnp.ones((2, 5, 5, 3))
   with pytest.raises(TypeError, match='ConvTranspose'):
     geoparam.GmP(nn.ConvTranspose(4, (3, 3))).init(jax.random.key(0), x)
-  with pytest.raises(ValueError, match='one output axis'):
-    geoparam.GmP(nn.DenseGeneral((2, 3))).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r'Reparam\(DenseGeneral\).*batch_dims'):
+    geoparam.Reparam(nn.DenseGeneral((2, 3), batch_dims=(0,)), 'wn').init(jax.random.key(0), x)
   with pytest.raises(ValueError, match='features >= 1'):
     geoparam.LCW(nn.Dense(0)).init(jax.random.key(0), x)
   with pytest.raises(ValueError, match='fan-in of at least 2'):

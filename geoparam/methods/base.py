@@ -1,10 +1,13 @@
 """The record every parameterization is: pure functions between stored variables and a layer's
 `(kernel, bias)`, in optax's style (a `GradientTransformation` is a NamedTuple of pure functions).
 
-A layer's kernel has the output features on its last axis and the fan-in on all
-others (`nn.Dense`'s `(fan_in, F)`, `nn.Conv`'s `(*window, in // groups, F)`,
-`nn.DenseGeneral`'s `(*contracted, F)`). A method stores its own variables and
-stands for the kernel and bias they build; the layer then runs unchanged.
+A method sees a kernel with the output units on its last axis and the fan-in on
+all others (`nn.Dense`'s `(fan_in, F)`, `nn.Conv`'s `(*window, in // groups, F)`,
+`nn.DenseGeneral`'s `(*contracted, F)`; one with several output axes, e.g. an
+attention projection's `(*contracted, heads, head_dim)`, is seen with them
+flattened, `(*contracted, heads * head_dim)`: `geoparam.methods.run.method_shape`).
+A method stores its own variables and stands for the kernel and bias they build;
+the layer then runs unchanged (in its own layout: `run.layer_layout`).
 
     >>> import jax, jax.numpy as jnp, numpy as np
     >>> from geoparam import methods

@@ -28,7 +28,7 @@ from geoparam import conv
 from geoparam.methods.base import Method
 
 __all__ = ['LayerOps', 'forward', 'imn_subtracts', 'flatten_contracted', 'subtract_mean',
-           'params_dtype']
+           'params_dtype', 'method_shape', 'layer_layout']
 
 
 class LayerOps(NamedTuple):
@@ -36,19 +36,59 @@ class LayerOps(NamedTuple):
 
   Attributes:
     run: `run(kernel, bias, inputs) -> outputs`: the layer with this kernel and
-      bias (None: no bias), its own semantics (padding, groups, dtypes, precision).
+      bias (None: no bias) in the layer's own layout, its own semantics (padding,
+      groups, dtypes, precision).
     contract_axes: the input axes the layer contracts with its kernel (a conv's
       window aside): IMN's mean is taken per position of these axes.
     precision: the layer's `precision`, for IMN's fold.
     tap_mask: convs only, `tap_mask(spatial_in) -> (*spatial_out, taps)`
       (`geoparam.conv.tap_mask`): what each kernel tap sees of an image of ones.
     kernel_mask: a conv's `mask` over its kernel, or None.
+    features: the layer's output features (`(F,)`, or a DenseGeneral's
+      `(heads, head_dim)`); `forward` hands `run` the method's kernel and bias in
+      this layout (`layer_layout`). None: one axis.
   """
   run: Callable[[jax.Array, jax.Array | None, jax.Array], jax.Array]
   contract_axes: tuple[int, ...]
   precision: Any = None
   tap_mask: Callable[[tuple[int, ...]], np.ndarray] | None = None
   kernel_mask: Any = None
+  features: tuple[int, ...] | None = None
+
+
+def method_shape(kernel_shape: Sequence[int], features: Sequence[int]) -> tuple[int, ...]:
+  """The kernel shape a method sees for a layer's kernel `(*fan_in_axes, *features)`: its
+  output features flattened into one last axis, `(*fan_in_axes, prod(features))`.
+
+  A method's units are all the layer's outputs (one `(head, dim)` of a q projection) and
+  their fan-in the other axes; a layer with one output axis is seen as it is.
+  `layer_layout` goes back.
+
+    >>> method_shape((16, 4, 8), (4, 8)), method_shape((3, 3, 2, 8), (8,))
+    ((16, 32), (3, 3, 2, 8))
+  """
+  kernel_shape, features = tuple(kernel_shape), tuple(features)
+  n = len(kernel_shape) - len(features)
+  if n < 0 or kernel_shape[n:] != features:
+    raise ValueError(f'a kernel of shape {kernel_shape} does not end with the features '
+                     f'{features}.')
+  return kernel_shape[:n] + (math.prod(features),)
+
+
+def layer_layout(kernel, bias, features: Sequence[int] | None):
+  """A method's `kernel (*fan_in_axes, F)` and `bias (F,)` (or None) in the layer's layout:
+  `(*fan_in_axes, *features)` and `features` (the inverse of `method_shape`; jax or numpy).
+
+    >>> import numpy as np
+    >>> k, b = layer_layout(np.zeros((16, 32)), np.zeros(32), (4, 8))
+    >>> k.shape, b.shape
+    ((16, 4, 8), (4, 8))
+  """
+  if features is None or len(features) == 1:
+    return kernel, bias
+  features = tuple(features)
+  return (kernel.reshape(kernel.shape[:-1] + features),
+          None if bias is None else bias.reshape(features))
 
 
 def imn_subtracts(inputs_shape: Sequence[int], kernel_shape: Sequence[int]) -> bool:
@@ -102,7 +142,7 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
     params: its stored variables.
     ops: how to run the layer.
     inputs: the layer's input.
-    kernel_shape: `(*fan_in_axes, features)`.
+    kernel_shape: the method's, `(*fan_in_axes, F)` (`method_shape`).
     input_mean: with IMN, `input_mean(flat) -> (n,)`: the mean to subtract from the
       inputs flattened by `flatten_contracted` (batch mean or running mean; the
       framework keeps the running statistics).
@@ -125,6 +165,7 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
   kernel, bias = method.apply(params, kernel_shape)
   dtype = params_dtype(params) if dtype is None else dtype
   cast = lambda a: None if a is None else a.astype(dtype)
+  run = lambda k, b, x: ops.run(*layer_layout(k, b, ops.features), x)
   mean = None
   if method.imn is not None:
     axes = ops.contract_axes
@@ -132,17 +173,17 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
     if imn_subtracts(inputs.shape, kernel_shape):
       inputs, mean = subtract_mean(inputs, mean, axes), None
   if mean is None:
-    return ops.run(cast(kernel), cast(bias), inputs)
+    return run(cast(kernel), cast(bias), inputs)
   bias = jnp.zeros(kernel_shape[-1], kernel.dtype) if bias is None else bias
   if ops.tap_mask is None:  # u^T (x - mu) + b = u^T x + (b - u^T mu)
     flat = jnp.dot(mean.astype(kernel.dtype), kernel.reshape(-1, kernel_shape[-1]),
                    precision=ops.precision)
-    return ops.run(cast(kernel), cast(bias - flat), inputs)
+    return run(cast(kernel), cast(bias - flat), inputs)
   # conv(x - mu) = conv(x) - conv(mu * 1): (F,) in the bias, minus a correction at the output
   # positions whose windows hold padded zeros (exact at the borders), then the bias.
   num_spatial = len(kernel_shape) - 2
   mask = ops.tap_mask(tuple(inputs.shape[-num_spatial - 1:-1]))
   kernel = cast(kernel)
   flat, positions, correction = conv.split(mask, kernel, mean, ops.precision, ops.kernel_mask)
-  y = conv.subtract_at(ops.run(kernel, None, inputs), positions, correction, num_spatial)
+  y = conv.subtract_at(run(kernel, None, inputs), positions, correction, num_spatial)
   return y + cast(bias - flat).astype(y.dtype)

@@ -59,6 +59,10 @@ __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLin
 # The NNX layers the wrappers accept.
 LAYER_TYPES = (nnx.Linear, nnx.Conv, nnx.LinearGeneral)
 
+# Kernel layers `geoparam.nnx.reparameterize` refuses when its selection picks them (as the
+# linen transform's `wrappers.UNSUPPORTED_TYPES`).
+UNSUPPORTED_TYPES = (nnx.Einsum,)
+
 
 # ----------------------------------------------------------------------------- running the layer
 
@@ -82,23 +86,25 @@ def _probe(layer, kernel, ones):
   return type(layer).__call__(view, jnp.asarray(ones))
 
 
-def layer_ops(layer: nnx.Module, ndim: int) -> run.LayerOps:
+def layer_ops(layer: nnx.Module, ndim: int, out_sharding=None) -> run.LayerOps:
   """`run.LayerOps` of an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` for inputs of rank `ndim`.
 
-  The layer's own `__call__` runs on a view of it whose kernel and bias are the given ones.
+  The layer's own `__call__` runs on a view of it whose kernel and bias are the given ones
+  (`out_sharding`: passed to it when given, as `nnx.MultiHeadAttention` does).
   """
   is_conv = isinstance(layer, nnx.Conv)
+  kwargs = {} if out_sharding is None else {'out_sharding': out_sharding}
 
   def run_layer(kernel, bias, x):
     return type(layer).__call__(_View(layer, kernel=kernel, bias=bias, use_bias=bias is not None),
-                                x)
+                                x, **kwargs)
 
   tap_mask = None
   if is_conv:
     tap_mask = lambda spatial: conv.tap_mask(layer, spatial,
                                              probe=lambda k, o: _probe(layer, k, o))
   return run.LayerOps(run_layer, wrappers.contract_axes(layer, ndim), layer.precision, tap_mask,
-                      layer.mask if is_conv else None)
+                      layer.mask if is_conv else None, wrappers.feature_shape(layer))
 
 
 def _layer_type(layer):
@@ -109,7 +115,7 @@ def _layer_type(layer):
 
 
 def _check_layer(layer, name):
-  """Raises for layers that cannot be reparameterized; returns the kernel shape."""
+  """Raises for layers that cannot be reparameterized; returns the layer's kernel shape."""
   cls = _layer_type(layer)
   if cls is None:
     raise TypeError(
@@ -120,10 +126,10 @@ def _check_layer(layer, name):
                      f'{layer.preferred_element_type!r}); leave it None.')
   if cls is nnx.Conv and layer.mask is not None:
     raise ValueError(f'{name}: a masked nnx.Conv (mask=...) is not supported.')
-  if cls is nnx.LinearGeneral and (layer.batch_axis or len(tuple(layer.out_features)) != 1):
-    raise ValueError(f'{name}: only LinearGeneral with one output axis and no batch_axis can be '
-                     f'reparameterized (out_features={layer.out_features!r}, '
-                     f'batch_axis={dict(layer.batch_axis)!r}).')
+  if cls is nnx.LinearGeneral and layer.batch_axis:
+    raise ValueError(f'{name}: a LinearGeneral with batch_axis (one kernel per batch entry) '
+                     f'cannot be reparameterized (batch_axis={dict(layer.batch_axis)!r}); '
+                     'exclude it.')
   return tuple(layer.kernel.shape)
 
 
@@ -232,7 +238,9 @@ class _Reparameterized(nnx.Module):
 
   def _setup(self, layer, method: methods.Method, name: str, rngs: nnx.Rngs | None,
              use_running_average, layer_init: methods.Layer, kernel_names, params=None):
-    kernel_shape = _check_layer(layer, name)
+    layer_shape = _check_layer(layer, name)
+    kernel_shape = wrappers.method_shape(layer, layer_shape)  # what the method sees
+    method_names = wrappers.method_names(layer, kernel_names)
     methods.base.check_fan_in(method, kernel_shape, name)
     dtype = layer.param_dtype
     keys = rngs.params if rngs is not None else _Keys()
@@ -255,7 +263,7 @@ class _Reparameterized(nnx.Module):
       if tuple(jnp.shape(value)) != tuple(spec.shape):
         raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
                          f'{jnp.shape(value)}.')
-      setattr(self, pname, _param(value, _sharded(names, spec.shape, kernel_shape, kernel_names)))
+      setattr(self, pname, _param(value, _sharded(names, spec.shape, kernel_shape, method_names)))
     self.param_names = tuple(specs)
     self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
     if method.imn is not None:
@@ -266,7 +274,7 @@ class _Reparameterized(nnx.Module):
     stripped.bias = None
     self.held_layer = _Held(stripped)  # its fields only: no variables, not a graph node
     self.method = method
-    self.kernel_shape = kernel_shape
+    self.kernel_shape = layer_shape  # the layer's own; the method's is wrappers.method_shape
     self.kernel_names = tuple(kernel_names) if kernel_names else None
     self.kernel_dtype = dtype
     self.use_running_average = use_running_average
@@ -275,7 +283,7 @@ class _Reparameterized(nnx.Module):
     """The method's stored variables, `{name: array}`."""
     return {n: getattr(self, n)[...] for n in self.param_names}
 
-  def _dispatch(self, inputs, use_running_average):
+  def _dispatch(self, inputs, use_running_average, out_sharding=None):
     """The call: `_pure` on the module's variables, the running mean written back.
 
     Traced (inside `nnx.jit`, `nnx.grad`, `nnx.scan`, ...) it runs as is; an eager call runs
@@ -287,9 +295,10 @@ class _Reparameterized(nnx.Module):
     mean = self.input_mean_norm['mean'][...] if imn is not None else None
     params = self.params()
     if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((inputs, params, mean))):
-      y, new_mean = self._pure(params, mean, inputs, mode)
+      y, new_mean = self._pure(params, mean, inputs, mode, out_sharding)
     else:
-      y, new_mean = _eager(self, self._signature(), params, mean, jnp.asarray(inputs), mode)
+      y, new_mean = _eager(self, self._signature(), params, mean, jnp.asarray(inputs), mode,
+                           out_sharding)
     if imn is not None and not mode:
       self.input_mean_norm['mean'][...] = new_mean
     return y
@@ -299,7 +308,7 @@ class _Reparameterized(nnx.Module):
     return tuple((k, v) for k, v in vars(self).items()
                  if not isinstance(v, (nnx.Variable, dict, jax.Array)) and not k.startswith('_'))
 
-  def _pure(self, params, mean, inputs, mode):
+  def _pure(self, params, mean, inputs, mode, out_sharding=None):
     """`(outputs, new running mean)` from the given variables (none read from `self`)."""
     inputs = jnp.asarray(inputs)
     name = type(self).__name__
@@ -316,9 +325,9 @@ class _Reparameterized(nnx.Module):
       return batch
 
     plain = [v for n, v in params.items() if n not in self.wide_names] or list(params.values())
-    y = run.forward(self.method, params, layer_ops(self.layer, inputs.ndim), inputs,
-                    self.kernel_shape, input_mean if imn is not None else None,
-                    jnp.result_type(*plain))
+    y = run.forward(self.method, params, layer_ops(self.layer, inputs.ndim, out_sharding),
+                    inputs, wrappers.method_shape(self.layer, self.kernel_shape),
+                    input_mean if imn is not None else None, jnp.result_type(*plain))
     return self._post(y, params), new_mean[0]
 
   def _post(self, y, params):
@@ -334,15 +343,15 @@ class _Reparameterized(nnx.Module):
     return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 5))
-def _eager(module, signature, params, mean, inputs, mode):
+@functools.partial(jax.jit, static_argnums=(0, 1, 5, 6))
+def _eager(module, signature, params, mean, inputs, mode, out_sharding=None):
   """`module._pure` compiled once per module, static attributes (`signature`), mode and shapes.
 
   A module-level `jax.jit` of the pure core; the module and its static attributes are
   the static arguments, the variables the traced ones.
   """
   del signature
-  return module._pure(params, mean, inputs, mode)
+  return module._pure(params, mean, inputs, mode, out_sharding)
 
 
 class _Keys:
@@ -390,17 +399,21 @@ class Reparam(_Reparameterized):
     bias = layer.bias[...] if layer.use_bias else None
     # a bias-free layer gets the method's bias term only from given params that hold it (the
     # transform's layers whose BatchNorm is dropped), as in linen (`wrappers.call`)
-    use_bias = layer.use_bias or (params is not None and bool(
-        names := methods.base.bias_names(method, kernel_shape)) and set(names) <= set(params))
+    bias_names = methods.base.bias_names(method, wrappers.method_shape(layer, kernel_shape))
+    use_bias = layer.use_bias or (
+        params is not None and bool(bias_names) and set(bias_names) <= set(params))
     layer_init = methods.Layer(_constant(layer.kernel[...]),
                                _constant(bias) if bias is not None else nnx.initializers.zeros,
                                use_bias)
     names = layer.kernel.get_metadata().get('out_sharding')
     self._setup(layer, method, name, rngs, use_running_average, layer_init, names, params)
 
-  def __call__(self, inputs, use_running_average: bool | None = None):
-    """Applies the layer to `inputs` with its reparameterized kernel and bias."""
-    return self._dispatch(inputs, use_running_average)
+  def __call__(self, inputs, use_running_average: bool | None = None, out_sharding=None):
+    """Applies the layer to `inputs` with its reparameterized kernel and bias.
+
+    `out_sharding`: the wrapped layer's own argument (`nnx.MultiHeadAttention` passes it).
+    """
+    return self._dispatch(inputs, use_running_average, out_sharding)
 
   def plain_layer(self, *, approximate_borders: bool = False, carry_bias: bool = False,
                   path: tuple = ()):

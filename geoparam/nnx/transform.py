@@ -142,7 +142,9 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
 
   Each selected layer becomes `geoparam.nnx.Reparam(layer, method)` holding that
   layer's current weights converted exactly, so the model's evaluation outputs
-  do not change (float rounding aside).
+  do not change (float rounding aside). LinearGeneral layers with several output
+  axes (`nnx.MultiHeadAttention`'s q/k/v/out) are converted like the others (a
+  unit is one output). A selected `nnx.Einsum` raises, naming it, before any change.
 
   Args:
     model: any NNX module (changed in place and returned).
@@ -175,13 +177,17 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     raise TypeError(f'geoparam.nnx.reparameterize takes an nnx.Module instance, got '
                     f'{model!r:.80} ({type(model).__name__}): {hint}.')
   nodes = list(nnx.iter_graph(model))
+  for path, node in nodes:
+    if isinstance(node, modules.UNSUPPORTED_TYPES) and _selected(node, path, where, exclude):
+      raise transform.unsupported(type(node).__name__, path, 'nnx')
   layers = {p: n for p, n in nodes if isinstance(n, modules.LAYER_TYPES)
             and _selected(n, p, where, exclude)}
   norms = {p: n for p, n in nodes if drop_batchnorm and isinstance(n, nnx.BatchNorm)
            and _selected(n, p, where, exclude)}
   transform.check_selection(
       type(model).__name__, method.name,
-      [p for p, n in nodes if isinstance(n, modules.LAYER_TYPES + (nnx.BatchNorm,))],
+      [p for p, n in nodes if isinstance(
+          n, modules.LAYER_TYPES + modules.UNSUPPORTED_TYPES + (nnx.BatchNorm,))],
       list(layers), where, exclude, 'nnx.Linear, nnx.Conv, nnx.LinearGeneral', 'holds')
   paths = _paths_by_id(model)
   for path, node in {**layers, **norms}.items():
@@ -207,6 +213,7 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
           f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
           'reparameterized Linear/Conv layer, so it cannot be folded (keep it with '
           'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
+    transform.check_fold(layers[producer[0]], producer[0], bn_path)
     if bn.axis not in (-1, calls[bn_path][0].ndim - 1):
       raise ValueError(f'BatchNorm {_name(bn_path)} normalizes axis {bn.axis}, not the features '
                        'axis of the layer before it: it cannot be folded.')
