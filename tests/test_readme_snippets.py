@@ -5,11 +5,20 @@ NORMALIZE_WHITESPACE, as the library's docstrings). Each runs in a fresh namespa
 except a block whose preceding paragraph says it is "Continuing" the example
 before it: it runs in that example's namespace. Method registrations a block
 makes are undone afterwards, so the rest of the suite sees the registry it expects.
+
+IPython and Jupyter strip the prompts of a pasted block but keep its output lines
+as code, so each block must also run that way: it must compile after IPython's
+transform, and each shown output must be an expression of literals and builtins
+(`True`, tuples, dicts, `ValueError('...')`; not a traceback, not `Array(...)`:
+show an error with `print(repr(e))`).
 """
 
+import builtins
 import doctest
 import os
 import re
+
+from IPython.core.inputtransformer2 import TransformerManager
 
 import pytest
 
@@ -37,6 +46,22 @@ with open(os.path.join(ROOT, 'README.md')) as f:
   GROUPS = readme_python_blocks(f.read())
 
 
+def check_pastable(line: int, source: str, examples: list[doctest.Example]) -> None:
+  """Fails unless `source` runs as IPython runs it pasted (prompts stripped, outputs kept)."""
+  try:
+    compile(TransformerManager().transform_cell(source), f'README.md:{line}', 'exec')
+  except SyntaxError as e:
+    raise AssertionError(f'README.md:{line}: pasted into IPython it is not Python: {e}') from e
+  for example in examples:
+    try:
+      names = set(compile(example.want, 'output', 'eval').co_names)
+    except SyntaxError:
+      names = {'(not an expression)'}
+    if example.want and names - set(dir(builtins)):
+      raise AssertionError(f'README.md:{line + example.lineno}: the output {example.want!r} '
+                           f'fails when pasted into IPython (it names {sorted(names)}).')
+
+
 def run_group(group: list[tuple[int, str]]) -> None:
   """Runs the blocks of one group as doctests in one namespace; fails with doctest's report."""
   parser, globs = doctest.DocTestParser(), {'__name__': 'readme'}
@@ -45,6 +70,7 @@ def run_group(group: list[tuple[int, str]]) -> None:
     for line, source in group:
       test = parser.get_doctest(source, globs, f'README.md:{line}', 'README.md', line - 1)
       assert test.examples, f'README.md:{line}: write the python block as a doctest (>>> prompts)'
+      check_pastable(line, source, test.examples)
       report = []
       runner = doctest.DocTestRunner(optionflags=FLAGS)
       result = runner.run(test, out=report.append, clear_globs=False)
@@ -72,3 +98,7 @@ def test_a_wrong_output_fails():
     run_group([(1, '>>> x = 1 / 0\n')])
   with pytest.raises(AssertionError, match='doctest'):
     run_group([(1, 'x = 1\n')])
+  with pytest.raises(AssertionError, match='IPython'):
+    run_group([(1, '>>> 1 / 0\nTraceback (most recent call last):\nZeroDivisionError: ...\n')])
+  with pytest.raises(AssertionError, match='IPython'):
+    run_group([(1, '>>> import numpy as np\n>>> np.zeros(1)\narray([0.])\n')])
