@@ -580,13 +580,54 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
         _pop(new[col], bn_path)
   for path, call in layers.items():
     sp = _get(variables['params'], path)
-    stored, mean = convert_layer(method, call.layer, meta.unbox(sp['kernel']),
-                                 meta.unbox(sp['bias']) if 'bias' in sp else None, call.inputs,
-                                 path, folds.get(path))
+    kernel = meta.unbox(sp['kernel'])
+    bias = meta.unbox(sp['bias']) if 'bias' in sp else None
+    fold = folds.get(path)
+    stack = _stacked(jnp.shape(kernel), call, path)
+    stored, mean = _stack([
+        convert_layer(method, call.layer, kernel[i], None if bias is None else bias[i],
+                      call.inputs, _slice_path(path, i, stack),
+                      None if fold is None else (fold[0][i], fold[1][i]))
+        for i in np.ndindex(stack)], stack)
     _put(new['params'], path, stored)
     if mean is not None:
       _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
   return new
+
+
+def _stacked(kernel_shape, call: _Call, path) -> tuple[int, ...]:
+  """The leading axes a lifted transform (`nn.scan`, `nn.vmap`) stacked the layer's variables
+  on: `()` for a layer of its own, `(L,)` for a layer of a scanned block.
+
+  The stored kernel is the layer's own kernel (for its recorded input) with these axes in
+  front (`variable_axes={'params': 0}`, as flax's examples scan and vmap); anything else is
+  refused by name.
+  """
+  own = tuple(wrappers.layer_kernel_shape(call.layer, tuple(call.inputs.shape), _name(path)))
+  extra = len(kernel_shape) - len(own)
+  if extra < 0 or tuple(kernel_shape[extra:]) != own:
+    raise ValueError(
+        f'layer {_name(path)}: its stored kernel has shape {tuple(kernel_shape)}, but the layer '
+        f'computes with a {own} kernel: a layer stacked by nn.scan/nn.vmap must have its stacked '
+        "axes in front (variable_axes={'params': 0}); other axes are not supported.")
+  return tuple(kernel_shape[:extra])
+
+
+def _slice_path(path, index, stack):
+  """`path` naming one layer of a stack: `('blocks', 'up[2]')` (unchanged when not stacked)."""
+  if not stack:
+    return path
+  return path[:-1] + (f'{path[-1]}[{",".join(str(i) for i in index)}]',)
+
+
+def _stack(pieces, stack):
+  """`(stored, mean)` of the stacked layers from their `(stored, mean)` in `np.ndindex` order."""
+  if not stack:
+    return pieces[0]
+  join = lambda *xs: jnp.stack(xs).reshape(stack + jnp.shape(xs[0]))
+  stored = jax.tree.map(join, *[p[0] for p in pieces])
+  mean = None if pieces[0][1] is None else join(*[p[1] for p in pieces])
+  return stored, mean
 
 
 def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs, path=(),
@@ -618,7 +659,10 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
   kernel = kernel.reshape(wrappers.method_shape(layer, kernel.shape))  # units: every output
   bias = bias.reshape(-1)
   imn = method.imn is not None
-  mean = _flat_mean(layer, inputs) if imn and use_bias and _padding_free(layer) else None
+  # a layer inside a lifted transform (nn.scan, nn.vmap, nn.remat) has traced inputs: its
+  # running mean starts at 0 (exact as well), not at the batch mean
+  calibrate = imn and use_bias and _padding_free(layer) and not isinstance(inputs, jax.core.Tracer)
+  mean = _flat_mean(layer, inputs) if calibrate else None
   if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
     bias = bias + _mean_dot(layer, mean, kernel)
   try:
@@ -630,8 +674,9 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
             for k, v in stored.items()}
   if not imn:
     return stored, None
-  width = math.prod(jnp.shape(inputs)[a] for a in wrappers.contract_axes(layer, jnp.ndim(inputs)))
-  mean_dtype = jnp.promote_types(jnp.result_type(inputs), jnp.float32)
+  shape = tuple(inputs.shape)
+  width = math.prod(shape[a] for a in wrappers.contract_axes(layer, len(shape)))
+  mean_dtype = jnp.promote_types(inputs.dtype, jnp.float32)
   return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
 
 
@@ -676,7 +721,8 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
            f"batch_stats (these have {_collections(variables)})")
   for path, call in layers.items():
     layer = call.layer
-    kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)
+    stack = _stacked(_get(shapes['params'], path)['kernel'].shape, call, path)
+    kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)[len(stack):]
     stored = _lookup(variables, 'params', path)
     names = sorted(method.params(kernel_shape, methods.Layer(
         use_bias=getattr(layer, 'use_bias', True)), lambda: None))
@@ -695,8 +741,12 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
             f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
       mean = np.asarray(mean, np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
-    kernel, bias = plain_layer(method, layer, stored, kernel_shape, mean, path,
-                               approximate_borders)
+    pieces = [plain_layer(method, layer, {k: meta.unbox(v)[i] for k, v in stored.items()},
+                          kernel_shape, None if mean is None else mean[i],
+                          _slice_path(path, i, stack), approximate_borders)
+              for i in np.ndindex(stack)]
+    kernel = np.stack([p[0] for p in pieces]).reshape(stack + kernel_shape)
+    bias = np.stack([p[1] for p in pieces]).reshape(stack + np.shape(pieces[0][1]))
     dtype = _get(shapes['params'], path)['kernel'].dtype
     plain = {'kernel': jnp.asarray(kernel, dtype)}
     if getattr(layer, 'use_bias', True):

@@ -39,6 +39,7 @@ from collections.abc import Callable
 import dataclasses
 import numbers
 
+import flax
 import flax.linen as nn
 from flax.core import meta
 import jax
@@ -339,8 +340,17 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
   params, compute = _variables(holder, method, layer, kernel_shape, use_bias, ops)
-  return run.forward(method, params, ops or layer_ops(layer, inputs.ndim), inputs, kernel_shape,
-                     input_mean, compute)
+  try:
+    return run.forward(method, params, ops or layer_ops(layer, inputs.ndim), inputs,
+                       kernel_shape, input_mean, compute)
+  except flax.errors.ScopeCollectionNotFound as e:
+    if method.imn is None:
+      raise
+    raise ValueError(
+        f"{name}: {method.name!r} keeps IMN's running mean in the collection batch_stats "
+        f'(input_mean_norm/mean), which this call cannot reach: pass the variables with their '
+        "batch_stats, and give a layer inside nn.scan/nn.vmap variable_axes={'params': 0, "
+        "'batch_stats': 0} (as for BatchNorm). Flax said: " + str(e).split(' (https')[0]) from None
 
 
 def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs, outputs):

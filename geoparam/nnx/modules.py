@@ -278,6 +278,7 @@ class _Reparameterized(nnx.Module):
     self.kernel_names = tuple(kernel_names) if kernel_names else None
     self.kernel_dtype = dtype
     self.use_running_average = use_running_average
+    self.stack = ()  # leading axes of a layer stacked by nnx.vmap (`stacked_reparam`)
 
   def params(self) -> dict[str, jax.Array]:
     """The method's stored variables, `{name: array}`."""
@@ -428,10 +429,16 @@ class Reparam(_Reparameterized):
     mean = None
     if self.method.imn is not None:
       mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
-    kernel, bias = transform.plain_layer(self.method, self.layer, self.params(),
-                                         self.kernel_shape, mean, path, approximate_borders)
+    stack, params = self.stack, self.params()
+    pieces = [transform.plain_layer(self.method, self.layer, {k: v[i] for k, v in params.items()},
+                                    self.kernel_shape, None if mean is None else mean[i],
+                                    transform._slice_path(path, i, stack), approximate_borders)
+              for i in np.ndindex(stack)]
+    kernel = np.stack([p[0] for p in pieces]).reshape(stack + np.shape(pieces[0][0]))
+    bias = np.stack([p[1] for p in pieces]).reshape(stack + np.shape(pieces[0][1]))
     plain = nnx.clone(self.layer)
-    plain.kernel = _param(jnp.asarray(kernel, self.kernel_dtype), self.kernel_names)
+    plain.kernel = _param(jnp.asarray(kernel, self.kernel_dtype),
+                          None if stack else self.kernel_names)
     if plain.use_bias:
       plain.bias = nnx.Param(jnp.asarray(bias, self.kernel_dtype))
     elif np.any(bias != 0) and not carry_bias:
@@ -439,6 +446,42 @@ class Reparam(_Reparameterized):
                        'use_bias=False but the reparameterized one has a nonzero bias: no plain '
                        'weights match.')
     return plain, bias
+
+
+def stacked_axes(layer: nnx.Module, path=()) -> tuple[int, ...]:
+  """The leading axes `nnx.vmap` stacked `layer`'s variables on (`()` for a layer of its own):
+  its kernel is the one its fields describe with these axes in front."""
+  own = tuple(_kernel_shape_for(layer, example_input(layer).shape, transform._name(path)))
+  shape = tuple(layer.kernel.shape)
+  extra = len(shape) - len(own)
+  if extra < 0 or shape[extra:] != own:
+    raise ValueError(
+        f'layer {transform._name(path)}: its kernel has shape {shape}, but its fields describe a '
+        f'{own} kernel: a layer stacked by nnx.vmap must have its stacked axes in front '
+        '(in_axes=0 / out_axes=0); other axes are not supported.')
+  return shape[:extra]
+
+
+def stacked_reparam(layer: nnx.Module, method: methods.Method, stack: tuple[int, ...], stored,
+                    mean=None, *, use_running_average: bool | None = False) -> Reparam:
+  """`Reparam` of a layer stacked on leading `stack` axes (made by `nnx.vmap`, run by
+  `nnx.scan`), its variables stacked the same way: `stored` `{name: (*stack, ...)}`, IMN's
+  `mean` `(*stack, width)` (None: zeros). `nnx.scan` hands each step one layer's slice."""
+  first = (0,) * len(stack)
+  one = nnx.clone(layer)
+  one.kernel = nnx.Param(layer.kernel[...][first])
+  if layer.use_bias:
+    one.bias = nnx.Param(layer.bias[...][first])
+  module = Reparam(one, method, use_running_average=use_running_average,
+                   params={k: v[first] for k, v in stored.items()})
+  for name in module.param_names:
+    getattr(module, name).set_value(jnp.asarray(stored[name]))
+  if method.imn is not None:
+    stat = module.input_mean_norm['mean']
+    stat.set_value(jnp.broadcast_to(stat[...], stack + stat.shape) if mean is None
+                   else jnp.asarray(mean, stat.dtype))
+  module.stack = tuple(stack)
+  return module
 
 
 class GmP(Reparam):

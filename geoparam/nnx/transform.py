@@ -59,6 +59,7 @@ class DroppedBatchNorm(nnx.Module):
     self.use_scale, self.use_bias = bn.use_scale, bn.use_bias
     self.param_dtype = bn.param_dtype
     self.stats_dtype = bn.mean[...].dtype
+    self.stack = tuple(bn.mean.shape[:-1])  # stacked by nnx.vmap
     self.producer = tuple(producer)
 
   def __call__(self, x, *args, **kwargs):
@@ -90,15 +91,22 @@ def _replace(model, path, new):
     parent[key] = new
 
 
-class _Probe(nnx.Module, pytree=False):
-  """Records its inner module's first call `(inputs, output)` into `log[path]`."""
+_LOGS: dict[int, dict] = {}  # by a token: NNX transforms (nnx.scan) rebuild modules from copies
 
-  def __init__(self, inner, path, log):
-    self.inner, self.path, self.log = inner, path, log
+
+class _Probe(nnx.Module, pytree=False):
+  """Records its inner module's first call `(inputs, output)` into `_LOGS[token][path]`.
+
+  Inside `nnx.scan`/`nnx.vmap` the inputs and outputs are the trace's (shapes, and the
+  identity that pairs a layer with the BatchNorm it feeds, are what is read of them).
+  """
+
+  def __init__(self, inner, path, token):
+    self.inner, self.path, self.token = inner, path, token
 
   def __call__(self, x, *args, **kwargs):
     y = self.inner(x, *args, **kwargs)
-    self.log.setdefault(self.path, (x, y))
+    _LOGS[self.token].setdefault(self.path, (x, y))
     return y
 
 
@@ -106,11 +114,15 @@ def _record(model, paths, example_args):
   """Runs an eval-mode copy of `model` on `example_args`; `{path: (inputs, output)}`."""
   probe = nnx.clone(model)
   probe.eval()
-  log: dict[tuple[Any, ...], Any] = {}
-  nodes = dict(nnx.iter_graph(probe))
-  for path in paths:
-    _replace(probe, path, _Probe(nodes[path], path, log))
-  probe(*example_args)
+  token = id(probe)
+  log = _LOGS[token] = {}
+  try:
+    nodes = dict(nnx.iter_graph(probe))
+    for path in paths:
+      _replace(probe, path, _Probe(nodes[path], path, token))
+    probe(*example_args)
+  finally:
+    del _LOGS[token]
   return log
 
 
@@ -202,11 +214,14 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
   if use_running_average is None:
     use_running_average = next((n.use_running_average for _, n in nodes if isinstance(
         n, nnx.Module) and getattr(n, 'use_running_average', None) is not None), True)
+  stacked = {path: modules.stacked_axes(layer, path) for path, layer in layers.items()}
   calls = _record(model, list(layers) + list(norms), example_args) if example_args else {}
   folds, dropped = {}, {}
   for bn_path, bn in norms.items():
     if bn_path not in calls:
-      continue
+      raise ValueError(f'BatchNorm {_name(bn_path)} did not run on the example batch, so the '
+                       'layer that feeds it is unknown and it cannot be dropped (exclude it, or '
+                       'give an example that runs it).')
     producer = [p for p in layers if p in calls and calls[p][1] is calls[bn_path][0]]
     if not producer:
       raise ValueError(
@@ -226,12 +241,21 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     inputs = calls[path][0] if path in calls else modules.example_input(layer)
     kernel = layer.kernel[...]
     bias = layer.bias[...] if layer.use_bias else None
-    stored, mean = transform.convert_layer(method, layer, kernel, bias, inputs, path,
-                                           folds.get(path))
-    wrapper = modules.Reparam(layer, method, use_running_average=use_running_average,
-                              params=stored)
-    if mean is not None:
-      wrapper.input_mean_norm['mean'][...] = jnp.asarray(mean)
+    fold = folds.get(path)
+    stack = stacked[path]
+    stored, mean = transform._stack([  # one conversion per layer of a stack
+        transform.convert_layer(method, layer, kernel[i], None if bias is None else bias[i],
+                                inputs, transform._slice_path(path, i, stack),
+                                None if fold is None else (fold[0][i], fold[1][i]))
+        for i in np.ndindex(stack)], stack)
+    if stack:
+      wrapper = modules.stacked_reparam(layer, method, stack, stored, mean,
+                                        use_running_average=use_running_average)
+    else:
+      wrapper = modules.Reparam(layer, method, use_running_average=use_running_average,
+                                params=stored)
+      if mean is not None:
+        wrapper.input_mean_norm['mean'][...] = jnp.asarray(mean)
     converted[path] = wrapper
   for path, wrapper in converted.items():
     _replace(model, path, wrapper)
@@ -267,11 +291,13 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
       bn = nnx.BatchNorm(node.num_features, epsilon=node.epsilon, use_scale=node.use_scale,
                          use_bias=node.use_bias, param_dtype=node.param_dtype,
                          use_running_average=True, rngs=nnx.Rngs(0))
-      bn.mean[...] = jnp.zeros(node.num_features, node.stats_dtype)
-      bn.var[...] = jnp.ones(node.num_features, node.stats_dtype)
+      shape = node.stack + (node.num_features,)
+      bn.mean.set_value(jnp.zeros(shape, node.stats_dtype))
+      bn.var.set_value(jnp.ones(shape, node.stats_dtype))
       if node.use_scale:
-        bn.scale[...] = jnp.full(node.num_features, math.sqrt(1.0 + node.epsilon),
-                                 bn.scale.dtype)
+        bn.scale.set_value(jnp.full(shape, math.sqrt(1.0 + node.epsilon), bn.scale.dtype))
+      if node.use_bias:
+        bn.bias.set_value(jnp.zeros(shape, bn.bias.dtype))
       carried = biases.pop(node.producer, None)
       if carried is not None:
         if not node.use_bias and np.any(carried != 0):
