@@ -18,6 +18,7 @@ import pytest
 
 import geoparam
 import geoparam.nnx as gnnx
+import training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -293,18 +294,7 @@ class MLP(nnx.Module):
 
 
 def _train(model, x, y, steps, lr=0.05):
-  opt = nnx.Optimizer(model, optax.sgd(lr, momentum=0.9), wrt=nnx.Param)
-
-  @nnx.jit
-  def step(model, opt):
-    loss, g = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
-    opt.update(model, g)
-    return loss
-
-  model.train()
-  losses = [float(step(model, opt)) for _ in range(steps)]
-  model.eval()
-  return losses
+  return training.nnx_train(model, x, y, steps, optax.sgd(lr, momentum=0.9))
 
 
 def _rel(a, b):

@@ -15,6 +15,7 @@ import pytest
 
 import geoparam
 import geoparam.nnx as gnnx
+import training
 
 
 class Block(nn.Module):
@@ -200,18 +201,7 @@ class NNXScanMLP(nnx.Module):
 
 
 def _nnx_train(model, x, y, steps):
-  opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-
-  @nnx.jit
-  def step(model, opt):
-    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
-    opt.update(model, grads)
-    return loss
-
-  model.train()
-  losses = [float(step(model, opt)) for _ in range(steps)]
-  model.eval()
-  return losses
+  return training.nnx_train(model, x, y, steps, optax.adam(1e-2))
 
 
 @pytest.mark.parametrize('method,drop', [('gmp', False), ('gmp_imn', True), ('lcw', False),
