@@ -143,11 +143,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       rows=rows, table=table, claims=claims, config=config, started=t_start, figures=figures)
   return {'summary': summary}
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                           'activation_boundaries.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

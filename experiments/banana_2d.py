@@ -30,6 +30,8 @@ from experiments import models, plotting, protocol, report
 from experiments.configs import common, validate
 from geoparam import analysis
 
+DATA_FILE = 'banana.csv'  # in the data directory
+
 
 def load_banana(data_dir: str | None = None, download: bool = False,
                 cache_dir: str | None = None, base_url: str | None = None
@@ -41,7 +43,7 @@ def load_banana(data_dir: str | None = None, download: bool = False,
     raise ValueError('no data directory: pass --data_dir (or data_dir=) or set GEOPARAM_DATA_DIR '
                      'to the folder holding banana.csv, or allow the download (--download, '
                      'download=True).')
-  path = download_lib.find('banana.csv', data_dir, download, cache_dir, base_url,
+  path = download_lib.find(DATA_FILE, data_dir, download, cache_dir, base_url,
                            error=ValueError)
   table = np.loadtxt(path, delimiter=',', skiprows=1)
   if table.ndim != 2 or table.shape[1] != 3:
@@ -263,6 +265,30 @@ def plot(runs, chosen, data, workdir) -> list[str]:
       'over the test points')]
 
 
+def _num_points(v, config):
+  """Banana points (>= 10), 80% of them for training: at least one batch of `batch_size`."""
+  validate.integer(10)(v, config)
+  batch = config.get('batch_size', 1)
+  if isinstance(batch, int) and batch > v - v // 5:
+    raise validate.Bad(f'must leave at least batch_size={batch} training points (80% of '
+                       'num_points)')
+
+
+# The study's own config fields (the others are validate.RULES').
+CONFIG_RULES = {'num_points': _num_points, 'compare_rates': validate.boolean}
+
+
+def check_data(config) -> None:
+  """Raises `validate.ConfigError` unless banana.csv is in the data directory (or may download)."""
+  if config.get('download', False):
+    return
+  try:
+    download_lib.find(DATA_FILE, config.get('data_dir'), flag='--config.data_dir',
+                      error=validate.Bad)
+  except validate.Bad as e:
+    raise validate.ConfigError(f'--config.data_dir={config.get("data_dir")}: {e}') from None
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs the study of `config` and writes its files; float64 only inside (`jax.enable_x64`).
 
@@ -271,8 +297,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   Returns `{'summary': results.json, 'runs': lr -> method -> run, 'results':
   method -> run at its protocol rate, 'data': the split}`.
   """
-  validate.check_config(config)
-  validate.check_data(config)
+  validate.check_config(config, CONFIG_RULES)
+  check_data(config)
   methods = models.check_methods(validate.split_names(config.methods))
   x_all, y_all = load_banana(config.data_dir, config.download)
   with jax.enable_x64(config.float64):
@@ -327,10 +353,3 @@ def _run(c, workdir, methods, x_all, y_all):
                          config=config, started=t_start, figures=figures)
   return {'summary': summary, 'runs': runs, 'results': chosen, 'data': data}
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'banana_2d.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

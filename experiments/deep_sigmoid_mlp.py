@@ -54,6 +54,15 @@ METHODS = ('sp', 'lcw', 'bn', 'bn_lcw', 'wn', 'cwn', 'sn', 'sl')  # rows of mode
 DATA_DEPENDENT_INIT = ('sp', 'lcw', 'bn_lcw', 'wn', 'cwn')
 EVAL_CHUNK = 500  # test images per evaluated chunk
 INIT_TRAIN_EXAMPLES = 2000  # training images evaluated at initialization
+# The study's own config fields (the others are validate.RULES').
+CONFIG_RULES = {'methods': validate.names_list(METHODS), 'width': validate.integer(2),
+                'train_examples': validate.mlp_examples(True)}
+
+
+def check_data(config) -> None:
+  """Raises `validate.ConfigError` unless the CIFAR-10 archive is there (or may download)."""
+  if not config.get('download', False):
+    validate.check_cifar10(config.get('data_dir'))
 
 
 # This study's 'wn' weight kind (for `models.layer`): the library's WN wrapper around the Dense
@@ -163,7 +172,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   Returns `{'summary': what results.json holds, 'results': method -> train_epochs result}`.
   """
-  validate.check_config(config)
+  validate.check_config(config, CONFIG_RULES)
   methods = validate.split_names(config.methods)
   data = cifar_arrays.load_flat_arrays(config.data_dir, config.train_examples,
                                        config.test_examples, config.seed, config.cache_dir,
@@ -199,11 +208,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                          started=t_start, figures=figures)
   return {'summary': summary, 'results': results}
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                           'deep_sigmoid_mlp.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

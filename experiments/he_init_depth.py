@@ -51,6 +51,17 @@ DATASETS = ('synthetic', 'cifar10')
 PRELU_INIT = 0.25
 INIT_TRAIN_EXAMPLES = 2048  # training examples evaluated at initialization
 STD_EXAMPLES = 512  # examples of the pre-activation stds at init
+# The study's own config fields (the others are validate.RULES').
+CONFIG_RULES = {'dataset': validate.choice(DATASETS),
+                'activations': validate.names_list(ACTIVATIONS),
+                'inits': validate.names_list(INITS), 'width': validate.AT_LEAST_ONE,
+                'train_examples': validate.mlp_examples(True)}
+
+
+def check_data(config) -> None:
+  """Raises `validate.ConfigError` unless CIFAR-10 (when read) is there (or may download)."""
+  if config.get('dataset') == 'cifar10' and not config.get('download', False):
+    validate.check_cifar10(config.get('data_dir'))
 
 
 def kernel_init(init: str, activation: str):
@@ -188,7 +199,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   Returns `{'summary': what results.json holds, 'results': run -> train_epochs result}`.
   """
-  validate.check_config(config)
+  validate.check_config(config, CONFIG_RULES)
   data = load_data(config)
   num_train, num_test, k = len(data['y_train']), len(data['y_test']), data['num_classes']
   os.makedirs(workdir, exist_ok=True)
@@ -224,11 +235,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                          figures=figures)
   return {'summary': summary, 'results': results}
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                           'he_init_depth.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

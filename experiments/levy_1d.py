@@ -29,6 +29,7 @@ from geoparam import analysis
 NUM_POINTS = 50
 NOISE = 0.1
 SPECTRUM_ROWS = 11  # bars in the location spectra (Fig. 2 d-g)
+CONFIG_RULES = {}  # every field of the study's config is a shared one (validate.RULES)
 
 
 def levy(x):
@@ -221,7 +222,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   Returns `{'summary': what results.json holds, 'results': method -> arrays}`.
   """
-  validate.check_config(config)
+  validate.check_config(config, CONFIG_RULES)
   with jax.enable_x64(config.float64):
     return _run(config, workdir)
 
@@ -257,10 +258,3 @@ def _run(c, workdir):
                          figures=figures)
   return {'summary': summary, 'results': results}
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'levy_1d.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

@@ -6,12 +6,15 @@ r"""Runs a study from a config file and a workdir: `python -m experiments.main`.
   python -m experiments.main --config=experiments/configs/cifar10_cnn.py:smoke \
       --workdir=/tmp/cifar10_smoke
 
-`config.study` names the study (`experiments.configs.validate.STUDIES`; the
-vision configs have no such field and run `experiments.train.train_and_evaluate`);
-each study module has a `run(config, workdir)`. Every field, the `--config.x=`
-overrides included, the study's data file (unless `download`) and the workdir
-are checked before any work (`experiments/configs/validate.py`): a bad setting is one line on stderr, exit
-status 2, and no workdir is created.
+A study is one module and one config: `config.study` names the module
+(`'levy_1d'` is `experiments.levy_1d`; a dotted name such as
+`'mypackage.my_study'` any importable module; a config without the field runs
+the vision trainer, `experiments.train`), which has `run(config, workdir)`, and
+may have `CONFIG_RULES` (checks of its own fields, before the shared
+`experiments.configs.validate.RULES`) and `check_data(config)`. Every field, the
+`--config.x=` overrides included, the study's data (unless `download`) and the
+workdir are checked before any work: a bad setting is one line on stderr, exit
+status 2, and no workdir is created. Nothing here lists the studies.
 
 Several hosts (vision studies): the same command on every host plus
 `--coordinator_address`, `--num_processes` and `--process_id` (or
@@ -44,17 +47,6 @@ flags.DEFINE_bool('distributed_auto', False, 'jax.distributed.initialize() with 
 flags.DEFINE_bool('dry_run', False, 'Check the config, its data and the workdir, print the config '
                   'and exit without running or creating anything.')
 
-# study -> (module, function taking (config, workdir)).
-STUDY_RUNNERS = {
-  'train': ('experiments.train', 'train_and_evaluate'),
-  'levy_1d': ('experiments.levy_1d', 'run'),
-  'banana_2d': ('experiments.banana_2d', 'run'),
-  'uci_regression': ('experiments.uci_regression', 'run'),
-  'perturbation_2d': ('experiments.perturbation_2d', 'run'),
-  'activation_boundaries': ('experiments.activation_boundaries', 'run'),
-  'deep_sigmoid_mlp': ('experiments.deep_sigmoid_mlp', 'run'),
-  'he_init_depth': ('experiments.he_init_depth', 'run'),
-}
 EXIT_BAD_SETTING = 2
 
 
@@ -130,9 +122,7 @@ def parse_flags(argv):
           f'--config={_config_argument(argv)}: cannot read the config file ({_one_line(e)})'
       ) from None
     del fields
-    validate.check_config(FLAGS.config)
-    validate.check_data(FLAGS.config)
-    validate.check_workdir(FLAGS.workdir, FLAGS.config.get('study', 'train'))
+    check(FLAGS.config, FLAGS.workdir)
   except validate.ConfigError as e:
     print(f'{prog}: {e}', file=sys.stderr)
     sys.exit(EXIT_BAD_SETTING)
@@ -146,17 +136,49 @@ def write_config(config, workdir: str) -> None:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
-def run(config, workdir: str):
-  """Runs `config.study` in `workdir` (the config already checked)."""
+def study_module(config):
+  """The module of `config.study` (`experiments.<study>`, or a dotted module path), with `run`.
+
+  Raises `validate.ConfigError` naming the field when it cannot be imported or has no `run`.
+  """
   study = config.get('study', 'train')
-  module, function = STUDY_RUNNERS[study]
-  if study == 'train' and FLAGS.is_parsed():  # from Python (run_study): one process
+  name = study if '.' in study else f'experiments.{study}'
+  try:
+    module = importlib.import_module(name)
+  except ImportError as e:
+    if e.name is not None and not name.startswith(e.name) and e.name != name:
+      raise  # the study exists but imports something missing: show it
+    raise validate.ConfigError(f'--config.study={study}: no study module {name} (a module '
+                               'with run(config, workdir)).') from None
+  if not callable(getattr(module, 'run', None)):
+    raise validate.ConfigError(f'--config.study={study}: module {name} has no '
+                               'run(config, workdir).')
+  return module
+
+
+def check(config, workdir: str):
+  """Checks `config` (its study's `CONFIG_RULES`, then the shared rules), the study's data
+  (`check_data`) and `workdir`; returns the study module. Raises `validate.ConfigError`."""
+  validate.check_config({'study': config.get('study', 'train')})
+  module = study_module(config)
+  validate.check_config(config, getattr(module, 'CONFIG_RULES', None))
+  if hasattr(module, 'check_data'):
+    module.check_data(config)
+  validate.check_workdir(workdir, config.get('study', 'train'))
+  return module
+
+
+def run(config, workdir: str):
+  """Runs the study of `config` (already checked) in `workdir`."""
+  module = study_module(config)
+  if FLAGS.is_parsed():  # several hosts: the same command on each (a no-op for one process)
     from experiments import sharding  # pylint: disable=g-import-not-at-top
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                     FLAGS.process_id, auto=FLAGS.distributed_auto)
-  else:
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
     write_config(config, workdir)
-  return getattr(importlib.import_module(module), function)(config, workdir)
+  return module.run(config, workdir)
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs')
@@ -172,7 +194,7 @@ def run_study(study: str, workdir: str, arg: str | None = None, **fields):
   any work), the same `config.json`. Notebooks use it.
 
   Args:
-    study: a config file name under experiments/configs (`validate.STUDIES`, or a vision
+    study: a config file name under experiments/configs (e.g. 'levy_1d', or a vision
       config such as 'cifar10_cnn').
     workdir: the directory the study writes to.
     arg: the config's argument (`'smoke'`, `'method=gmp,smoke'`), or None.
@@ -196,9 +218,7 @@ def run_study(study: str, workdir: str, arg: str | None = None, **fields):
     except (TypeError, ValueError) as e:
       raise validate.ConfigError(validate.field_message(name, value, config) or
                                  f'--config.{name}={value!r}: {_one_line(e)}') from None
-  validate.check_config(config)
-  validate.check_data(config)
-  validate.check_workdir(workdir, config.get('study', 'train'))
+  check(config, workdir)
   return run(config, workdir)
 
 
@@ -214,10 +234,8 @@ def main(argv):
   run(FLAGS.config, FLAGS.workdir)
 
 
-def cli(config_path: str | None = None):
-  """The command line; `config_path` is put before the arguments (study-module shims)."""
-  if config_path is not None:
-    sys.argv[1:1] = [f'--config={config_path}']
+def cli():
+  """The command line."""
   app.run(main, flags_parser=parse_flags)
 
 

@@ -35,9 +35,13 @@ import ml_collections
 import numpy as np
 
 from experiments import plotting, report
+from experiments.configs import validate
 from geoparam import analysis, convert
 
 METHODS = ('sp', 'wn', 'gmp')
+# The study's own config fields (the others are validate.RULES').
+CONFIG_RULES = {'eps': validate.positive_reals, 'num_draws': validate.AT_LEAST_ONE,
+                'weight_scale': validate.POSITIVE_REAL}
 
 
 def draw_units(seed: int, num: int, scale: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
@@ -177,11 +181,3 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       started=t_start, figures=figures)
   return {'summary': summary, 'changes': changes}
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                           'perturbation_2d.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

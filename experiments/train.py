@@ -55,12 +55,40 @@ import optax
 
 from experiments import checkpoints as ckpt_lib
 from experiments import input_pipeline
+from experiments import models
 from experiments import sharding
 from experiments import vision_models
+from experiments.configs import validate
 from geoparam import masks
 from geoparam import schedules
 
 SUM_KEYS = ('loss', 'top1', 'top5', 'count')
+
+
+def _methods_of(config) -> tuple[str, ...]:
+  """The parameterizations the config's `model` accepts."""
+  model = config.get('model', 'cnn')
+  if model in ('resnet50', 'resnet'):
+    return vision_models.RESNET_PARAMETERIZATIONS
+  if model in ('vgg19', 'preact_resnet18'):
+    return vision_models.CIFAR_PARAMETERIZATIONS
+  return models.METHODS
+
+
+# The trainer's own config fields (the others are validate.RULES').
+CONFIG_RULES = {
+    'dataset': validate.choice(input_pipeline.DATASETS),
+    'augment': validate.choice(validate.AUGMENTS),
+    'model': validate.choice(vision_models.MODELS),
+    'method': validate.choice(_methods_of),
+    'layers': validate.layer_spec,
+    'width': validate.POSITIVE_REAL,  # channel multiplier
+}
+
+
+def check_data(config) -> None:
+  """Raises `validate.ConfigError` unless `config.dataset` can be opened as the run will."""
+  validate.check_vision_data(config)
 
 
 @flax.struct.dataclass
@@ -614,3 +642,6 @@ def _fail(workdir, writer, main, epoch, step, loss):
     with open(os.path.join(workdir, 'failure.json'), 'w') as f:
       json.dump({'reason': 'nonfinite_loss', 'epoch': epoch, 'step': step, 'message': msg}, f)
   raise FloatingPointError(msg)
+
+
+run = train_and_evaluate  # the study entry point experiments.main calls

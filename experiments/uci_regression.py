@@ -29,7 +29,22 @@ from experiments import models, report, uci_data
 from experiments import protocol as protocol_lib
 from experiments.configs import common, validate
 
-PROTOCOLS = validate.UCI_PROTOCOLS
+PROTOCOLS = ('reference', 'clean')  # what plateau and early stopping watch
+# The study's own config fields (the others are validate.RULES').
+CONFIG_RULES = {'datasets': validate.distinct_names, 'protocol': validate.choice(PROTOCOLS),
+                'num_splits': validate.AT_LEAST_ONE}
+
+
+def check_data(config) -> None:
+  """Raises `validate.ConfigError` unless every UCI set is in the data directory (or may
+  download)."""
+  try:
+    uci_data.check_datasets(validate.split_names(config.datasets), config.get('data_dir'),
+                            config.get('download', False))
+  except ValueError as e:
+    message = (str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
+               .replace('--download', '--config.download=True'))
+    raise validate.ConfigError(f'--config.datasets={config.datasets}: {message}') from None
 HIDDEN = 100
 PLATEAU_PATIENCE, STOP_PATIENCE = 50, 100
 TEST_FRACTION, VAL_FRACTION = 0.2, 0.2
@@ -186,8 +201,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   Returns `records` (one dict per dataset, method and split), `summary`,
   `table`, `wall_seconds`, `cpu_seconds`.
   """
-  validate.check_config(config)
-  validate.check_data(config)
+  validate.check_config(config, CONFIG_RULES)
+  check_data(config)
   with jax.enable_x64(config.float64):
     return _run(config, workdir)
 
@@ -245,11 +260,3 @@ def _run(c, workdir):
   return dict(records=records, summary=ours, table=table,
               wall_seconds=wall, cpu_seconds=cpu)
 
-
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs',
-                           'uci_regression.py')
-
-
-if __name__ == '__main__':
-  from experiments import main as _main  # pylint: disable=g-import-not-at-top
-  _main.cli(CONFIG_FILE)

@@ -1,5 +1,5 @@
 """The Banana study: data protocol, the smoke config through experiments.main (its table equal
-to the one the study gave before it moved onto experiments.protocol), a tiny run, the shim."""
+to the one the study gave before it moved onto experiments.protocol), a tiny run, the command line."""
 
 import json
 import os
@@ -122,11 +122,12 @@ def test_smoke_config_runs_through_main_and_gives_the_stored_table(tmp_path):
 
 
 @needs_data
-def test_shim_and_refused_settings(tmp_path):
-  """`python -m experiments.banana_2d` is `experiments.main` with the Banana config."""
+def test_cli_run_and_refused_settings(tmp_path):
+  """`python -m experiments.main` with the Banana config: a tiny run, then refused settings."""
   workdir = tmp_path / 'banana'
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.banana_2d', f'--config.data_dir={DATA_DIR}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/banana_2d.py',
+       f'--config.data_dir={DATA_DIR}',
        f'--workdir={workdir}', '--config.num_epochs=2', '--config.num_seeds=1',
        '--config.methods=sp', '--config.num_points=100', '--config.batch_size=32',
        '--config.compare_rates=False'],
@@ -135,7 +136,8 @@ def test_shim_and_refused_settings(tmp_path):
   assert '| sp* |' in proc.stdout and 'paper claim' in proc.stdout
   assert json.loads((workdir / 'results.json').read_text())['epochs_run']['sp'] == [2]
   bad = subprocess.run(
-      [sys.executable, '-m', 'experiments.banana_2d', f'--config.data_dir={tmp_path}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/banana_2d.py',
+       f'--config.data_dir={tmp_path}',
        f'--workdir={tmp_path / "new"}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and bad.stderr.count('\n') == 1, bad.stderr
   assert 'banana.csv not found' in bad.stderr and not (tmp_path / 'new').exists()

@@ -148,24 +148,101 @@ def config_variants():
 @pytest.mark.parametrize('config_arg', list(config_variants()))
 def test_every_config_field_has_a_rule_and_the_defaults_pass(config_arg):
   config = main_lib._load_config(os.path.join(ROOT, config_arg))  # the CLI's own loader
-  missing = [k for k in config if validate.rule(k) is None]
-  assert not missing, f'{config_arg}: fields without a rule in validate.RULES: {missing}'
-  validate.check_config(config)
+  rules = getattr(main_lib.study_module(config), 'CONFIG_RULES', None)
+  missing = [k for k in config if validate.rule(k, rules) is None]
+  assert not missing, f'{config_arg}: fields without a rule (the study\'s or shared): {missing}'
+  validate.check_config(config, rules)
 
 
 def test_rules_refuse_what_they_should():
   import ml_collections  # pylint: disable=g-import-not-at-top
+  from experiments import train  # pylint: disable=g-import-not-at-top
   good = dict(learning_rate=0.1, batch_size=8, stop_patience=0, plateau_factor=0.5,
               layers=(16, 'M', 32), methods='sp,gmp', lr_gmp=0.1)
-  validate.check_config(ml_collections.ConfigDict(good))
+  check = lambda c: validate.check_config(c, train.CONFIG_RULES)  # layers: the trainer's field
+  check(ml_collections.ConfigDict(good))
   for field, value in [('learning_rate', 0.0), ('learning_rate', float('inf')),
                        ('batch_size', True), ('stop_patience', 2.0), ('plateau_factor', 0.0),
                        ('layers', ('M',)), ('layers', (16.0,)), ('methods', ''),
                        ('lr_gmp', -1e-9)]:
     with pytest.raises(validate.ConfigError, match=f'--config.{field}='):
-      validate.check_config(ml_collections.ConfigDict({**good, field: value}))
+      check(ml_collections.ConfigDict({**good, field: value}))
   with pytest.raises(validate.ConfigError, match='no validation rule'):
-    validate.check_config(ml_collections.ConfigDict({'brand_new_field': 1}))
+    check(ml_collections.ConfigDict({'brand_new_field': 1}))
+  with pytest.raises(validate.ConfigError, match='no validation rule'):
+    validate.check_config(ml_collections.ConfigDict({'layers': (16,)}))  # not a shared field
+
+
+TOY_STUDY = """
+import json, os
+from experiments.configs import validate
+
+CONFIG_RULES = {'greeting': validate.choice(('hello', 'hi'))}
+
+
+def check_data(config):
+  if config.get('data_dir') == 'missing':
+    raise validate.ConfigError('--config.data_dir=missing: no toy data there')
+
+
+def run(config, workdir):
+  with open(os.path.join(workdir, 'toy.json'), 'w') as f:
+    json.dump({'greeting': config.greeting, 'epochs': config.num_epochs}, f)
+  return 'ran'
+"""
+
+TOY_CONFIG = """
+import ml_collections
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.study = 'toy_pkg_geoparam.toy_study'
+  c.greeting = 'hello'
+  c.num_epochs = 2  # a shared field: validate.RULES checks it
+  c.data_dir = 'here'
+  return c
+"""
+
+
+def test_a_new_study_is_one_module_and_one_config(tmp_path):
+  """Issue 28 item 1: a toy study from a temporary folder runs through experiments.main with no
+  edit under experiments/: its own field rule, its data check, the shared rules and the
+  workdir checks all apply."""
+  package = tmp_path / 'toy_pkg_geoparam'
+  package.mkdir()
+  (package / '__init__.py').write_text('')
+  (package / 'toy_study.py').write_text(TOY_STUDY)
+  config = tmp_path / 'toy_config.py'
+  config.write_text(TOY_CONFIG)
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(tmp_path), ROOT])}
+  run = lambda *args: subprocess.run([sys.executable, '-m', 'experiments.main',
+                                      f'--config={config}', *args], cwd=ROOT, env=env,
+                                     capture_output=True, text=True, timeout=120)
+  workdir = tmp_path / 'w'
+  ok = run(f'--workdir={workdir}', '--config.greeting=hi')
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert json.loads((workdir / 'toy.json').read_text()) == {'greeting': 'hi', 'epochs': 2}
+  assert json.loads((workdir / 'config.json').read_text())['study'] == 'toy_pkg_geoparam.toy_study'
+  for args, says in [(['--config.greeting=hey'], '--config.greeting=hey: must be one of hello, hi'),
+                     (['--config.num_epochs=0'], '--config.num_epochs=0: must be an int >= 1.'),
+                     (['--config.data_dir=missing'], 'no toy data there'),
+                     (['--config.study=toy_pkg_geoparam.nope'],
+                      'no study module toy_pkg_geoparam.nope')]:
+    bad = run(f'--workdir={tmp_path / "bad"}', *args)
+    assert bad.returncode == 2 and bad.stderr.count('\n') == 1 and says in bad.stderr, bad.stderr
+    assert not (tmp_path / 'bad').exists()
+
+
+def test_nothing_under_experiments_imports_main_or_lists_the_studies():
+  """No import circle (studies import validate, never main) and no central list of studies."""
+  for path in glob.glob(os.path.join(ROOT, 'experiments', '**', '*.py'), recursive=True):
+    text = open(path).read()
+    assert 'import main' not in text and 'experiments.main import' not in text, path
+  for path in (os.path.join(ROOT, 'experiments', 'main.py'),
+               os.path.join(ROOT, 'experiments', 'configs', 'validate.py')):
+    text = open(path).read()
+    assert 'STUDY_RUNNERS' not in text and 'STUDIES' not in text, path
 
 
 def test_dry_run_checks_everything_and_creates_nothing(tmp_path):

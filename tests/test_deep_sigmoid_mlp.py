@@ -124,10 +124,11 @@ def test_bad_settings_are_refused_before_any_work(fake_data_dir, tmp_path, monke
   assert not (tmp_path / 'w').exists()
 
 
-def test_the_shim_refuses_an_old_method_name_with_one_line(tmp_path):
+def test_the_cli_refuses_an_old_method_name_with_one_line(tmp_path):
   """`python -m experiments.deep_sigmoid_mlp` is experiments.main with this study's config."""
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.deep_sigmoid_mlp', f'--workdir={tmp_path / "w"}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/deep_sigmoid_mlp.py',
+       f'--workdir={tmp_path / "w"}',
        '--config.methods=plain,lcw'],
       check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]

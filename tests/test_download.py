@@ -233,7 +233,8 @@ def test_uci_regression_flag_downloads(server, tmp_path):
   env = {k: v for k, v in os.environ.items() if k != download.DATA_DIR_ENV}
   env.update({download.BASE_URL_ENV: f'{base}/data', download.CACHE_DIR_ENV: str(tmp_path / 'c'),
               'JAX_PLATFORMS': 'cpu'})
-  cmd = [sys.executable, '-m', 'experiments.uci_regression', '--config.datasets=yacht',
+  cmd = [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/uci_regression.py',
+         '--config.datasets=yacht',
          '--config.methods=sp', '--config.num_splits=1', '--config.num_epochs=3',
          f'--workdir={tmp_path / "out"}']
   bad = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

@@ -152,7 +152,7 @@ def test_bad_layouts_name_the_path(tmp_path, layout, match):
   with pytest.raises((FileNotFoundError, ValueError), match=match):
     ip.get_sources(_config(str(root)))
   with pytest.raises(validate.ConfigError, match=match):  # the CLI's check before any work
-    validate.check_data(_config(str(root)))
+    validate.check_vision_data(_config(str(root)))
 
 
 def test_training_on_an_image_folder_counts_skipped_images(tmp_path, monkeypatch):

@@ -46,9 +46,10 @@ def test_smoke_config_runs_through_main(tmp_path):
 
 
 def test_unknown_method_is_a_one_line_error(tmp_path):
-  """Through the `python -m experiments.levy_1d` shim (the README's first command)."""
+  """Through `python -m experiments.main` with the Levy config (the README's first command)."""
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.levy_1d', f'--workdir={tmp_path / "w"}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/levy_1d.py',
+       f'--workdir={tmp_path / "w"}',
        '--config.methods=sp,foo'],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2

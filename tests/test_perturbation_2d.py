@@ -84,14 +84,16 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, field, value, messag
 def test_cli(tmp_path):
   """The module still runs as a script (the config file's command through experiments.main)."""
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.perturbation_2d', f'--workdir={tmp_path}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/perturbation_2d.py',
+       f'--workdir={tmp_path}',
        '--config.num_draws=20', '--config.plots=False'], cwd=ROOT, capture_output=True,
       text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'paper claim' in proc.stdout
   assert (tmp_path / 'results.json').exists() and not (tmp_path / 'perturbation.png').exists()
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.perturbation_2d', f'--workdir={tmp_path / "bad"}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/perturbation_2d.py',
+       f'--workdir={tmp_path / "bad"}',
        '--config.eps=(-1.0,)'], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].endswith('must be a tuple of finite numbers > 0, '

@@ -1,7 +1,7 @@
 """The README's study commands run as written: each is checked by `experiments.main --dry_run`.
 
-Every `python -m experiments.main ...` command of README.md (and the study shims
-`python -m experiments.<study>`), in code blocks and inline, without placeholders
+Every `python -m experiments.main ...` command of README.md, in code blocks and inline, without
+placeholders
 other than the workdir `DIR`, must pass every check of its config, data and workdir.
 """
 
@@ -32,8 +32,7 @@ def readme_commands() -> list[str]:
       m = re.search(r'(?:\.venv/bin/)?python -m experiments\.(\w+)(.*)', part)
       if not m or any(c in part for c in '[]$<>') or '...' in part:
         continue
-      if m.group(1) not in ('main', 'levy_1d', 'banana_2d', 'uci_regression', 'perturbation_2d',
-                            'activation_boundaries', 'deep_sigmoid_mlp', 'he_init_depth'):
+      if m.group(1) != 'main':
         continue
       commands.append(f'experiments.{m.group(1)}{m.group(2)}'.strip())
   return sorted(set(commands))

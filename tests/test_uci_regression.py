@@ -170,11 +170,12 @@ def test_smoke_config_runs_through_main_and_gives_the_stored_results(tmp_path):
          '--config.data_dir=' in table
 
 
-def test_shim_run_writes_its_files(tmp_path):
-  """`python -m experiments.uci_regression` is `experiments.main` with the UCI config."""
+def test_cli_run_writes_its_files(tmp_path):
+  """`python -m experiments.main` with the UCI config writes its files."""
   workdir = tmp_path / 'uci'
   proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.uci_regression', f'--config.data_dir={DATA_DIR}',
+      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/uci_regression.py',
+       f'--config.data_dir={DATA_DIR}',
        '--config.datasets=yacht,energy', '--config.methods=sp,gmp', '--config.num_splits=2',
        '--config.num_epochs=15', '--config.protocol=clean', f'--workdir={workdir}'],
       cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -1,11 +1,13 @@
 """Checks a study config and its workdir before any work: one table of field rules.
 
-`experiments.main` calls `check_config(config, workdir)` right after reading the
-config (and the `--config.x=` overrides) and before it creates the workdir or
-imports anything heavy; a bad setting raises `ConfigError` with a one-line
-message naming the field, the value and what is accepted. Every field of every
-config needs a rule in `RULES` (exact name first, then the first matching
-`fnmatch` pattern), so a new field cannot go unchecked:
+`experiments.main` calls `check_config(config, study.CONFIG_RULES)` right after
+reading the config (and the `--config.x=` overrides) and before it creates the
+workdir; a bad setting raises `ConfigError` with a one-line message naming the
+field, the value and what is accepted. Every field of every config needs a rule:
+the study module's own `CONFIG_RULES` first (fields only it has, or its meaning of
+a shared name), then the shared `RULES` here (exact name first, then the first
+matching `fnmatch` pattern), so a new field cannot go unchecked. Nothing here
+imports a study.
 
   >>> import ml_collections
   >>> c = ml_collections.ConfigDict(dict(learning_rate=0.1, num_epochs=0))
@@ -26,18 +28,14 @@ import math
 import numbers
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-# Studies `experiments.main` dispatches to (`config.study`; vision configs have no such field).
-STUDIES = ('train', 'levy_1d', 'banana_2d', 'uci_regression', 'perturbation_2d',
-           'activation_boundaries', 'deep_sigmoid_mlp', 'he_init_depth')
 OPTIMIZERS = ('sgd', 'adam')
 LR_SCHEDULES = ('plateau', 'decay', 'constant')
 AUGMENTS = ('none', 'flip', 'flip_crop', 'imagenet')
 MONITORS = ('eval_loss', 'eval_top1', 'eval_top5', 'train_loss', 'train_top1', 'train_top5')
 MODES = ('min', 'max')
-UCI_PROTOCOLS = ('reference', 'clean')  # what plateau and early stopping watch
 
 
 class ConfigError(ValueError):
@@ -45,11 +43,11 @@ class ConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------
-# Checks: `check(value, config) -> None`, raising `_Bad(what is accepted)`.
+# Checks: `check(value, config) -> None`, raising `Bad(what is accepted)`.
 
 
-class _Bad(Exception):
-  pass
+class Bad(Exception):
+  """Raised by a check: `str(error)` says what is accepted."""
 
 
 def _is_int(v) -> bool:
@@ -65,7 +63,7 @@ def integer(low: int, high: float = math.inf) -> Callable:
   def check(v, config):
     del config
     if not (_is_int(v) and low <= v <= high):
-      raise _Bad(f'must be an int >= {low}' + (f' and <= {high}' if high < math.inf else ''))
+      raise Bad(f'must be an int >= {low}' + (f' and <= {high}' if high < math.inf else ''))
   return check
 
 
@@ -81,7 +79,7 @@ def real(low: float, high: float = math.inf, *, open_low: bool = False,
     ok = (_is_real(v) and math.isfinite(v) and (v > low if open_low else v >= low)
           and (v < high if open_high else v <= high))
     if not ok:
-      raise _Bad(f'must be {accepted}')
+      raise Bad(f'must be {accepted}')
   return check
 
 
@@ -94,13 +92,13 @@ AT_LEAST_ONE = integer(1)  # epochs, batch sizes, widths in units
 def boolean(v, config):
   del config
   if not isinstance(v, bool):
-    raise _Bad('must be True or False')
+    raise Bad('must be True or False')
 
 
 def optional_str(v, config):
   del config
   if v is not None and not isinstance(v, str):
-    raise _Bad('must be a string (a path) or None')
+    raise Bad('must be a string (a path) or None')
 
 
 def choice(names: Sequence[str] | Callable[[Any], Sequence[str]]) -> Callable:
@@ -108,7 +106,7 @@ def choice(names: Sequence[str] | Callable[[Any], Sequence[str]]) -> Callable:
   def check(v, config):
     accepted = names(config) if callable(names) else names
     if v not in accepted:
-      raise _Bad(f'must be one of {", ".join(accepted)}' + _did_you_mean(v, accepted))
+      raise Bad(f'must be one of {", ".join(accepted)}' + _did_you_mean(v, accepted))
   return check
 
 
@@ -127,7 +125,7 @@ def names_list(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable:
     bad = [m for m in items if m not in accepted]
     if not items or bad or len(set(items)) != len(items):
       hint = _did_you_mean(bad[0], accepted) if bad else ''
-      raise _Bad(f'must be distinct comma-separated names among {", ".join(accepted)}' + hint)
+      raise Bad(f'must be distinct comma-separated names among {", ".join(accepted)}' + hint)
   return check
 
 
@@ -136,7 +134,7 @@ def distinct_names(v, config):
   del config
   items = split_names(v)
   if not items or len(set(items)) != len(items):
-    raise _Bad('must be distinct comma-separated names')
+    raise Bad('must be distinct comma-separated names')
 
 
 def int_tuple(low: int, length: int | None = None) -> Callable:
@@ -147,7 +145,7 @@ def int_tuple(low: int, length: int | None = None) -> Callable:
           and all(_is_int(s) and s >= low for s in v))
     if not ok:
       n = f'{length} ' if length else ''
-      raise _Bad(f'must be a tuple of {n}ints >= {low}')
+      raise Bad(f'must be a tuple of {n}ints >= {low}')
   return check
 
 
@@ -157,13 +155,13 @@ def positive_reals(v, config):
   ok = isinstance(v, (tuple, list)) and len(v) >= 1 and all(
       _is_real(s) and math.isfinite(s) and s > 0 for s in v)
   if not ok:
-    raise _Bad('must be a tuple of finite numbers > 0, e.g. "(1e-3,1e-1)"')
+    raise Bad('must be a tuple of finite numbers > 0, e.g. "(1e-3,1e-1)"')
 
 
 def resize_range(v, config):
   int_tuple(1, 2)(v, config)
   if v[0] > v[1]:
-    raise _Bad('must be (low, high) with low <= high')
+    raise Bad('must be (low, high) with low <= high')
 
 
 def mesh_shape(v, config):
@@ -171,15 +169,7 @@ def mesh_shape(v, config):
   ok = (isinstance(v, (tuple, list)) and len(v) in (1, 2) and
         all(_is_int(s) and (s == -1 or s >= 1) for s in v) and list(v).count(-1) <= 1)
   if not ok:
-    raise _Bad('must be (data,) or (data, model), entries >= 1 and at most one -1')
-
-
-def num_points(v, config):
-  """Banana points (>= 10), 80% of them for training: at least one batch of `batch_size`."""
-  integer(10)(v, config)
-  batch = config.get('batch_size', 1)
-  if _is_int(batch) and batch > v - v // 5:
-    raise _Bad(f'must leave at least batch_size={batch} training points (80% of num_points)')
+    raise Bad('must be (data,) or (data, model), entries >= 1 and at most one -1')
 
 
 def layer_spec(v, config):
@@ -188,22 +178,14 @@ def layer_spec(v, config):
   ok = isinstance(v, (tuple, list)) and any(_is_int(s) for s in v) and all(
       (_is_int(s) and s >= 1) or s == 'M' for s in v)
   if not ok:
-    raise _Bad("must be a tuple of conv widths (ints >= 1) and 'M' (max pool), with at least "
+    raise Bad("must be a tuple of conv widths (ints >= 1) and 'M' (max pool), with at least "
                "one width, e.g. \"(16,'M',32)\"")
 
 
 def str_tuple(v, config):
   del config
   if not (isinstance(v, (tuple, list)) and all(isinstance(s, str) and s for s in v)):
-    raise _Bad('must be a tuple of names')
-
-
-def by_study(default: Callable, **studies: Callable) -> Callable:
-  """`studies[config.study]` for the studies named here, else `default` (fields shared by name)."""
-  def check(v, config):
-    study = config.get('study') if hasattr(config, 'get') else None
-    return studies.get(study, default)(v, config)
-  return check
+    raise Bad('must be a tuple of names')
 
 
 def mlp_examples(train: bool) -> Callable:
@@ -217,7 +199,7 @@ def mlp_examples(train: bool) -> Callable:
     least = batch if train and _is_int(batch) else 1
     if not _is_int(v) or v < 0 or (v == 0 and synthetic) or 0 < v < least:
       what = f'batch_size={batch}' if train else '1'
-      raise _Bad(f'must be an int >= {what}' + ('' if synthetic else ' or 0 (all)'))
+      raise Bad(f'must be an int >= {what}' + ('' if synthetic else ' or 0 (all)'))
   return check
 
 
@@ -228,74 +210,34 @@ def _methods(config=None) -> Sequence[str]:
   return models.METHODS
 
 
-def _vision_methods(config) -> Sequence[str]:
-  from experiments import vision_models  # pylint: disable=g-import-not-at-top
-  model = config.get('model', 'cnn')
-  if model in ('resnet50', 'resnet'):
-    return vision_models.RESNET_PARAMETERIZATIONS
-  if model in ('vgg19', 'preact_resnet18'):
-    return vision_models.CIFAR_PARAMETERIZATIONS
-  return _methods()
-
-
-def _models(config=None) -> Sequence[str]:
-  from experiments import vision_models  # pylint: disable=g-import-not-at-top
-  return vision_models.MODELS
-
-
-def _datasets(config=None) -> Sequence[str]:
-  from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
-  return input_pipeline.DATASETS
-
-
-def _deep_sigmoid_methods() -> Sequence[str]:
-  from experiments import deep_sigmoid_mlp  # pylint: disable=g-import-not-at-top
-  return deep_sigmoid_mlp.METHODS
-
-
-def _he_init(names: str) -> Callable[..., Sequence[str]]:
-  """`ACTIVATIONS`, `INITS` or `DATASETS` of `experiments.he_init_depth`."""
-  def get(config=None):
-    from experiments import he_init_depth  # pylint: disable=g-import-not-at-top
-    return getattr(he_init_depth, names)
-  return get
+def module_name(v, config):
+  """`config.study`: a study module, `'levy_1d'` (in `experiments`) or a dotted module path;
+  `experiments.main` imports it (and says so when it cannot)."""
+  del config
+  if not (isinstance(v, str) and v and all(p.isidentifier() for p in v.split('.'))):
+    raise Bad('must be a study module name, e.g. levy_1d or mypackage.my_study')
 
 
 # Field name (or fnmatch pattern, tried in order after the exact names) -> check.
 RULES: dict[str, Callable] = {
   # Which study, data.
-  'study': choice(STUDIES),
-  'dataset': by_study(choice(_datasets), he_init_depth=choice(_he_init('DATASETS'))),
+  'study': module_name,
   'data_dir': optional_str,
   'cache_dir': optional_str,
   'download': boolean,
-  'train_examples': by_study(COUNT, deep_sigmoid_mlp=mlp_examples(True),
-                            he_init_depth=mlp_examples(True)),
+  'train_examples': COUNT,
   'test_examples': mlp_examples(False),
   'eval_examples': COUNT,
-  'augment': choice(AUGMENTS),
   'image_size': AT_LEAST_ONE,
   'resize_range': resize_range,
   'eval_resize': AT_LEAST_ONE,
   'num_workers': COUNT,
   'num_threads': AT_LEAST_ONE,
   'prefetch': AT_LEAST_ONE,
-  'num_points': num_points,
-  'datasets': distinct_names,
-  'protocol': choice(UCI_PROTOCOLS),
-  'eps': positive_reals,
-  'num_draws': AT_LEAST_ONE,
   # Model.
-  'model': choice(_models),
-  'layers': layer_spec,
-  'method': choice(_vision_methods),
-  'methods': by_study(names_list(_methods), deep_sigmoid_mlp=names_list(_deep_sigmoid_methods)),
-  'activations': names_list(_he_init('ACTIVATIONS')),
-  'inits': names_list(_he_init('INITS')),
+  'methods': names_list(_methods),
   'depth': AT_LEAST_ONE,
   'hidden': AT_LEAST_ONE,
-  'width': by_study(POSITIVE_REAL, deep_sigmoid_mlp=integer(2), he_init_depth=AT_LEAST_ONE),
-  'weight_scale': POSITIVE_REAL,
   'stage_sizes': int_tuple(1),
   'dropout_rate': real(0.0, 1.0, open_high=True),
   'bn_momentum': FRACTION,
@@ -322,10 +264,8 @@ RULES: dict[str, Callable] = {
   'eval_batch_size': AT_LEAST_ONE,
   'seed': COUNT,
   'num_seeds': AT_LEAST_ONE,
-  'num_splits': AT_LEAST_ONE,
   'float64': boolean,
   'plots': boolean,
-  'compare_rates': boolean,
   'mesh_shape': mesh_shape,
   'log_every': AT_LEAST_ONE,
   # Patterns.
@@ -336,13 +276,14 @@ RULES: dict[str, Callable] = {
 }
 
 
-def rule(name: str) -> Callable | None:
-  """The check of field `name`: its exact entry in `RULES`, else the first matching pattern."""
-  if name in RULES:
-    return RULES[name]
-  for pattern, check in RULES.items():
-    if any(ch in pattern for ch in '*?[') and fnmatch.fnmatchcase(name, pattern):
-      return check
+def rule(name: str, rules: Mapping[str, Callable] | None = None) -> Callable | None:
+  """The check of field `name`: a study's own `rules` (exact, then patterns), else `RULES`'."""
+  for table in (rules or {}, RULES):
+    if name in table:
+      return table[name]
+    for pattern, check in table.items():
+      if any(ch in pattern for ch in '*?[') and fnmatch.fnmatchcase(name, pattern):
+        return check
   return None
 
 
@@ -371,25 +312,27 @@ def unknown_field_message(name: str, valid: Sequence[str]) -> str:
           f'{len(valid)} fields are {", ".join(map(repr, nearest))}')
 
 
-def check_config(config) -> None:
+def check_config(config, rules: Mapping[str, Callable] | None = None) -> None:
   """Raises `ConfigError` (one line) for the first field that breaks its rule.
 
   Args:
     config: a flat `ml_collections.ConfigDict` (or a mapping) of a study config.
+    rules: the study's own `CONFIG_RULES` (looked up before the shared `RULES`).
 
   Raises:
     ConfigError: a field has no rule, or its value breaks it (lists what is accepted).
   """
   for name in config:
-    if rule(name) is None:
-      raise ConfigError(f'--config.{name}: no validation rule for this field; add one to '
-                        'experiments/configs/validate.py RULES')
-    message = field_message(name, config[name], config)
+    if rule(name, rules) is None:
+      raise ConfigError(f'--config.{name}: no validation rule for this field; add one to the '
+                        "study module's CONFIG_RULES (or to experiments/configs/validate.py "
+                        'RULES for a field every study shares)')
+    message = field_message(name, config[name], config, rules)
     if message:
       raise ConfigError(message)
 
 
-def field_message(name: str, value, config) -> str | None:
+def field_message(name: str, value, config, rules=None) -> str | None:
   """The one-line refusal of `--config.name=value` by its rule, or None if the rule accepts it.
 
   Also explains an override the flag parser could not convert (the raw string):
@@ -397,11 +340,11 @@ def field_message(name: str, value, config) -> str | None:
     >>> field_message('num_epochs', '2.5', {})
     '--config.num_epochs=2.5: must be an int >= 1.'
   """
-  check = rule(name)
+  check = rule(name, rules)
   try:
     if check is not None:
       check(value, config)
-  except _Bad as e:
+  except Bad as e:
     return f'--config.{name}={_show(value)}: {str(e).rstrip(".")}.'
   return None
 
@@ -409,45 +352,7 @@ def field_message(name: str, value, config) -> str | None:
 # ---------------------------------------------------------------------------
 # The data a study reads (checked after the fields, where the config is read).
 
-# Study -> the data file (relative to the data directory) it reads.
-DATA_FILES = {'banana_2d': 'banana.csv'}
-
-
-def check_data(config) -> None:
-  """Raises `ConfigError` when the study's data is neither in `data_dir` nor allowed to download.
-
-  `data_dir` None means `$GEOPARAM_DATA_DIR`; nothing is fetched here.
-  """
-  if config.get('study') == 'uci_regression':
-    from experiments import uci_data  # pylint: disable=g-import-not-at-top
-    try:
-      uci_data.check_datasets(split_names(config.datasets), config.get('data_dir'),
-                              config.get('download', False))
-    except ValueError as e:
-      message = (str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
-                 .replace('--download', '--config.download=True'))
-      raise ConfigError(f'--config.datasets={config.datasets}: {message}') from None
-  if _reads_cifar10(config) and not config.get('download', False):
-    _check_cifar10(config.get('data_dir'))
-  if config.get('study', 'train') == 'train':
-    _check_vision_data(config)
-  needed = DATA_FILES.get(config.get('study'))
-  if needed and not config.get('download', False):
-    from experiments import download  # pylint: disable=g-import-not-at-top (stdlib only)
-    try:
-      download.find(needed, config.get('data_dir'), flag='--config.data_dir', error=_Bad)
-    except _Bad as e:
-      raise ConfigError(f'--config.data_dir={config.get("data_dir")}: {e}') from None
-
-
-def _reads_cifar10(config) -> bool:
-  """Whether the study reads the CIFAR-10 archive (`cifar_arrays.load_flat_arrays`)."""
-  study = config.get('study')
-  return study == 'deep_sigmoid_mlp' or (study == 'he_init_depth' and
-                                         config.get('dataset') == 'cifar10')
-
-
-def _check_vision_data(config) -> None:
+def check_vision_data(config) -> None:
   """Raises `ConfigError` unless the vision trainer's `config.dataset` can be opened as it will
   be: the CIFAR-10 archive (unless `download`), the image folder's layout (every error
   `image_folder_splits` would raise in the run) or the TFDS splits."""
@@ -457,7 +362,7 @@ def _check_vision_data(config) -> None:
   try:
     if name == 'cifar10_jpeg':
       if not config.get('download', False):
-        _check_cifar10(data_dir)
+        check_cifar10(data_dir)
     elif name == 'image_folder':
       root = input_pipeline.resolve_data_dir(data_dir)
       if not root:
@@ -478,7 +383,7 @@ def _check_vision_data(config) -> None:
     raise ConfigError(f'--config.data_dir={data_dir}: {message}') from None
 
 
-def _check_cifar10(data_dir: str | None) -> None:
+def check_cifar10(data_dir: str | None) -> None:
   """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a CIFAR-10 archive."""
   from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
   resolved = input_pipeline.resolve_data_dir(data_dir)
