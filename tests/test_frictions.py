@@ -170,7 +170,23 @@ def test_ragged_uci_file_is_refused_before_the_workdir(tmp_path):
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize('name', ['experiments.uci_data', 'experiments.banana_data'])
+# ---------------------------------------------------------------------------
+# 4. The resume line counts epochs from 1, as the progress lines do.
+
+def test_resume_message_counts_epochs_as_the_progress_lines():
+  from experiments import train
+  assert train.resume_message(390, 1, 390, 10) == (
+      'resumed from step 390: after epoch 1/10, continuing with epoch 2/10 at step 0/390')
+  assert train.resume_message(500, 1, 390, 10) == (
+      'resumed from step 500: in epoch 2/10, at step 110/390')
+  assert train.resume_message(100, 0, 390, 10) == (
+      'resumed from step 100: in epoch 1/10, at step 100/390')
+  assert train.resume_message(3900, 10, 390, 10) == (
+      'resumed from step 3900: after epoch 10/10, the last one')
+
+
+@pytest.mark.parametrize('name', ['experiments.train', 'experiments.uci_data',
+                                  'experiments.banana_data'])
 def test_docstring_examples_run(name):
   module = importlib.import_module(name)
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
