@@ -186,8 +186,102 @@ def test_resume_message_counts_epochs_as_the_progress_lines():
 
 
 @pytest.mark.parametrize('name', ['experiments.train', 'experiments.uci_data',
-                                  'experiments.banana_data'])
+                                  'experiments.plotting', 'experiments.banana_data'])
 def test_docstring_examples_run(name):
   module = importlib.import_module(name)
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
   assert result.failed == 0, f'{result.failed} of {result.attempted} examples failed in {name}'
+
+
+# ---------------------------------------------------------------------------
+# 6. Figures: the methods' names as the papers write them, curves inside their axes, marks
+# explained.
+
+def _levy_results(bn_floor):
+  """Fake results of levy_1d for 2 seeds, 4 hidden units, 6 epochs; BN's changes shrink to
+  `bn_floor` (the full run: ~2^-45), SP's units leave the [-12, 12] view."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  x = np.linspace(-10, 10, 20)[:, None]
+  data = {'x_train': x[::2], 'y_train': x[::2] ** 2 / 10, 'x_test': x, 'y_test': x ** 2 / 10}
+  results = {}
+  for m in ('sp', 'wn', 'bn', 'gmp'):
+    dphi = np.full((2, 6), 0.1)
+    if m == 'bn':
+      dphi[:, 3:] = bn_floor
+    locations = rng.uniform(-5, 5, (2, 7, 4))
+    if m == 'sp':
+      locations[:, 3:, :2] = 40.0
+    results[m] = {'rmse': np.array([1.0, 1.1]), 'epochs_run': np.array([6, 6]),
+                  'init_pred': np.zeros((2, 20)), 'pred': np.ones((2, 20)),
+                  'trace': {'max_dphi': dphi}, 'locations': locations}
+  return results, data
+
+
+def _capture_figures(monkeypatch):
+  from experiments import plotting
+  figures = {}
+  save = plotting.save
+
+  def capture(fig, workdir, name, **kwargs):
+    title = kwargs.get('title')
+    figures[name] = {'title': title, 'axes': [
+        {'title': ax.get_title(), 'ylim': ax.get_ylim(), 'texts': [t.get_text() for t in ax.texts],
+         'lines': [(l.get_label(), l.get_ydata()) for l in ax.get_lines()],
+         'legend': [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []}
+        for ax in fig.axes]}
+    return save(fig, workdir, name, **kwargs)
+
+  monkeypatch.setattr(plotting, 'save', capture)
+  return figures
+
+
+def test_levy_figures_spell_gmp_keep_curves_inside_and_explain_counts(tmp_path, monkeypatch):
+  import numpy as np
+  from experiments import levy_1d
+  figures = _capture_figures(monkeypatch)
+  results, data = _levy_results(2.0 ** -44.5)
+  levy_1d.plot(results, data, str(tmp_path))
+  levy_1d.plot_spectra(results, data, str(tmp_path))
+  change = figures['boundary_change.png']['axes'][0]
+  assert change['legend'] == ['SP', 'WN', 'BN', 'GmP']
+  for label, y in change['lines']:  # every point of every curve inside the y range
+    y = np.asarray(y, float)
+    assert np.all(y[np.isfinite(y)] >= change['ylim'][0]), (label, y.min(), change['ylim'])
+  spectra = figures['location_spectra.png']
+  titles = [a['title'] for a in spectra['axes'] if a['title']]
+  assert titles[-1].startswith('GmP, seed 0') and not any('GMP' in t for t in titles), titles
+  assert any(t.startswith('GmP: test RMSE') for t in
+             (a['title'] for a in figures['predictions.png']['axes']))
+  counts = [t for a in spectra['axes'] for t in a['texts']]
+  assert ' +2' in counts, counts  # SP's two units at phi = 40
+  assert '+n at the right: n units with $\\phi_i$ beyond $\\pm$12, off the axis' in \
+      spectra['title'], spectra['title']
+  for name in ('boundary_change.png', 'location_spectra.png', 'predictions.png'):
+    assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize('bn_floor, bottom', [(1e-300, -60.0), (0.0, -30.0)])
+def test_levy_boundary_change_draws_tiny_changes_on_the_bottom_edge(tmp_path, monkeypatch,
+                                                                    bn_floor, bottom):
+  """Changes below 2^-60 (float64 resolution) are drawn at -60; exact zeros at the default
+  bottom, -30; the axis ends one unit below."""
+  import numpy as np
+  from experiments import levy_1d
+  figures = _capture_figures(monkeypatch)
+  results, data = _levy_results(bn_floor)
+  levy_1d.plot(results, data, str(tmp_path))
+  change = figures['boundary_change.png']['axes'][0]
+  bn = np.asarray(dict(change['lines'])['BN'], float)
+  assert change['ylim'][0] == bottom - 1 and bn.min() == bottom, (change['ylim'], bn)
+
+
+def test_quickstart_third_figure_has_a_colorbar_and_short_titles():
+  import json
+  with open(os.path.join(ROOT, 'colabs', 'quickstart.ipynb'), encoding='utf-8') as f:
+    cells = [''.join(c['source']) for c in json.load(f)['cells'] if c['cell_type'] == 'code']
+  figures = [c for c in cells if 'plt.subplots' in c]
+  for cell in figures[1:3]:  # the heatmaps: training from scratch, the boundaries' points
+    assert 'fig.colorbar(' in cell and "layout='constrained'" in cell, cell
+  assert "title=f'{name}\\n{inside.sum()}/{len(phi)} points inside the data square'" in \
+      figures[2], figures[2]
