@@ -25,33 +25,20 @@ import ml_collections
 import numpy as np
 import optax
 
+from experiments import banana_data
 from experiments import download as download_lib
 from experiments import models, plotting, protocol, report
 from experiments.configs import common, validate
 from geoparam import analysis
-
-DATA_FILE = 'banana.csv'  # in the data directory
 
 
 def load_banana(data_dir: str | None = None, download: bool = False,
                 cache_dir: str | None = None, base_url: str | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
   """`(x (N, 2) float64, y (N,) in {0, 1})` from `banana.csv` (header At1,At2,Class; class +-1)
-  in `data_dir` (else `$GEOPARAM_DATA_DIR`); `download`: fetch it if missing."""
-  data_dir = data_dir or os.environ.get('GEOPARAM_DATA_DIR')
-  if not data_dir and not download:
-    raise ValueError('no data directory: pass --data_dir (or data_dir=) or set GEOPARAM_DATA_DIR '
-                     'to the folder holding banana.csv, or allow the download (--download, '
-                     'download=True).')
-  path = download_lib.find(DATA_FILE, data_dir, download, cache_dir, base_url,
-                           error=ValueError)
-  table = np.loadtxt(path, delimiter=',', skiprows=1)
-  if table.ndim != 2 or table.shape[1] != 3:
-    raise ValueError(f'{path}: expected 3 columns At1,At2,Class, got shape {table.shape}.')
-  labels = table[:, 2]
-  if not np.all(np.isin(labels, (-1, 1))):
-    raise ValueError(f'{path}: classes must be -1 or 1, got {np.unique(labels)}.')
-  return table[:, :2], (labels > 0).astype(np.int64)
+  in `data_dir` (else `$GEOPARAM_DATA_DIR`); `download`: fetch it if missing. A file that cannot
+  be parsed is a one-line ValueError naming the file and the line (`banana_data.parse`)."""
+  return banana_data.load(data_dir, download, cache_dir, base_url)
 
 
 def make_data(x_all, y_all, seed: int, num_points: int = 1000, dtype=np.float64):
@@ -279,13 +266,14 @@ CONFIG_RULES = {'num_points': _num_points, 'compare_rates': validate.boolean}
 
 
 def check_data(config) -> None:
-  """Raises `validate.ConfigError` unless banana.csv is in the data directory (or may download)."""
+  """Raises `validate.ConfigError` unless banana.csv is in the data directory and parses (or
+  may be downloaded)."""
   if config.get('download', False):
     return
   try:
-    download_lib.find(DATA_FILE, config.get('data_dir'), flag='--config.data_dir',
-                      error=validate.Bad)
-  except validate.Bad as e:
+    banana_data.parse(download_lib.find(banana_data.FILE, config.get('data_dir'),
+                                        flag='--config.data_dir', error=validate.Bad))
+  except (validate.Bad, ValueError) as e:
     raise validate.ConfigError(f'--config.data_dir={config.get("data_dir")}: {e}') from None
 
 

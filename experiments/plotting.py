@@ -19,6 +19,35 @@ def save(fig, workdir: str, name: str, *, title: str | None = None, fontsize: fl
   return name
 
 
+# How figures name the methods of experiments.models (the papers' spelling: GmP, not GMP).
+_METHOD_LABELS = {'gmp': 'GmP', 'gmp_imn': 'GmP+IMN', 'wn_mbn': 'WN+MBN'}
+
+
+def method_label(method: str) -> str:
+  """The name of `method` in figures: `'gmp'` -> `'GmP'`, `'gmp_imn'` -> `'GmP+IMN'`, else upper.
+
+  >>> [method_label(m) for m in ('sp', 'wn', 'bn', 'gmp', 'gmp_imn', 'wn_mbn')]
+  ['SP', 'WN', 'BN', 'GmP', 'GmP+IMN', 'WN+MBN']
+  """
+  return _METHOD_LABELS.get(method, method.upper())
+
+
+def log2_floor(values, floor: float = -30.0, limit: float = -60.0) -> float:
+  """Lower y limit of a log2 plot of `values` (>= 0, NaN allowed): `floor`, or lower when a
+  positive value is below `2**floor` (one unit under the lowest), never below `limit` (float64
+  resolution; smaller values and exact zeros are drawn at the limit).
+
+  >>> log2_floor([1.0, 2.0 ** -10]), log2_floor([1.0, 2.0 ** -44.5]), log2_floor([0.0, 1e-300])
+  (-30.0, -46.0, -60.0)
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  values = np.asarray(values, np.float64)
+  positive = values[np.isfinite(values) & (values > 0)]
+  lowest = np.floor(np.log2(positive.min())) - 1 if positive.size else floor
+  return float(max(min(floor, lowest), limit))
+
+
 def legend_below(fig, ax, ncol: int = 4, fontsize: float = 8) -> None:
   """One legend for the figure, below the panels, from the entries of `ax`."""
   handles, labels = ax.get_legend_handles_labels()

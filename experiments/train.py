@@ -359,6 +359,29 @@ class Progress:
     del start_step
 
 
+def resume_message(step: int, epochs_done: int, steps_per_epoch: int, num_epochs: int) -> str:
+  """The line printed when a run resumes, counting epochs as the progress lines do (from 1).
+
+  `epochs_done` is the checkpoint's `state.epoch` (epochs completed); the next progress line
+  reads `epoch {epochs_done + 1}/{num_epochs} step k/{steps_per_epoch}`.
+
+  >>> resume_message(390, 1, 390, 10)
+  'resumed from step 390: after epoch 1/10, continuing with epoch 2/10 at step 0/390'
+  >>> resume_message(500, 1, 390, 10)
+  'resumed from step 500: in epoch 2/10, at step 110/390'
+  >>> resume_message(3900, 10, 390, 10)
+  'resumed from step 3900: after epoch 10/10, the last one'
+  """
+  in_epoch = step - epochs_done * steps_per_epoch
+  head = f'resumed from step {step}: '
+  if in_epoch:
+    return head + f'in epoch {epochs_done + 1}/{num_epochs}, at step {in_epoch}/{steps_per_epoch}'
+  if epochs_done >= num_epochs:
+    return head + f'after epoch {epochs_done}/{num_epochs}, the last one'
+  return head + (f'after epoch {epochs_done}/{num_epochs}, continuing with epoch '
+                 f'{epochs_done + 1}/{num_epochs} at step 0/{steps_per_epoch}')
+
+
 class MetricsWriter:
   """Appends one JSON object per epoch/event to metrics.jsonl, epochs to metrics.csv, and
   numeric epoch metrics as TensorBoard scalars under `tensorboard/` (tensorboardX, a
@@ -539,8 +562,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     writer.truncate_after(int(sharding.to_host(state.epoch)))
   step, epoch = int(sharding.to_host(state.step)), int(sharding.to_host(state.epoch))
   if resumed and main:
-    print(f'resumed from step {step} (epoch {epoch}, step {step - epoch * steps_per_epoch} of '
-          f'{steps_per_epoch})', flush=True)
+    print(resume_message(step, epoch, steps_per_epoch, config.num_epochs), flush=True)
   position = train_batches.get_state().get('next_index', step) if ckpts.data_restored else step
   if step - epoch * steps_per_epoch > steps_per_epoch or position != step:
     raise ValueError(

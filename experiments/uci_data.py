@@ -3,9 +3,9 @@
 The format (shared/data/README.md): whitespace separated numbers (tabs or
 spaces), any number of feature columns, the target in the last column, blank
 lines ignored. `load('yacht')` reads `<data_dir>/uci/yacht.txt`, where
-`data_dir` comes from the `--data_dir` flag of the experiment or, when not
-given, the environment variable `GEOPARAM_DATA_DIR` (the folder holding `uci/`).
-With `download=True` (the study's `--download`) a file of the six paper datasets
+`data_dir` comes from the study's `--config.data_dir` or, when not given, the
+environment variable `GEOPARAM_DATA_DIR` (the folder holding `uci/`). With
+`download=True` (the study's `--config.download=True`) a file of the six paper datasets
 missing there is fetched once from its public source into the cache
 (`experiments.download`: checksum verified, `$GEOPARAM_CACHE_DIR` or
 `~/.cache/geoparam`).
@@ -58,17 +58,34 @@ def uci_dir(data_dir: str | None = None) -> str:
   given = data_dir or os.environ.get(ENV_VAR)
   if not given:
     raise ValueError(
-        f'no data directory: pass --data_dir=DIR or set {ENV_VAR}=DIR (the folder holding uci/).')
+        f'no data directory: pass {download_lib.DATA_DIR_FLAG}=DIR or set {ENV_VAR}=DIR (the '
+        'folder holding uci/).')
   candidates = [os.path.join(given, 'uci'), given]
   for path in candidates:
     if os.path.isdir(path) and glob.glob(os.path.join(path, '*.txt')):
       return path
-  source = '--data_dir' if data_dir else ENV_VAR
-  found = sorted(os.listdir(given)) if os.path.isdir(given) else None
+  source = download_lib.DATA_DIR_FLAG if data_dir else ENV_VAR
+  found = os.listdir(given) if os.path.isdir(given) else None
   raise ValueError(
-      f'{source}={given!r}: no UCI .txt files in {candidates[0]!r} or {given!r}; '
-      + (f'that directory holds {found}.' if found is not None
-         else 'that directory does not exist.') + _download_hint(DOWNLOADABLE))
+      f'{source}={given!r}: no UCI .txt files in it or in its uci/ folder (expected one '
+      f'<name>.txt per dataset, e.g. uci/{PAPER_DATASETS[-1]}.txt); '
+      + ('that directory does not exist.' if found is None else 'that directory is empty.'
+         if not found else f'that directory holds {_some(found, "entry", "entries")}.')
+      + _download_hint(DOWNLOADABLE))
+
+
+def _some(names, one: str = 'file', many: str = 'files', limit: int = 5) -> str:
+  """A short listing for an error message: the count, then at most `limit` names.
+
+  >>> _some(['b', 'a'])
+  '2 files: a, b'
+  >>> _some([f'f{i}.txt' for i in range(40)], limit=3)
+  '40 files: f0.txt, f1.txt, f10.txt, ... (37 more)'
+  """
+  names = sorted(names)
+  shown = ', '.join(names[:limit])
+  more = f', ... ({len(names) - limit} more)' if len(names) > limit else ''
+  return f'{len(names)} {one if len(names) == 1 else many}: {shown}{more}'
 
 
 def _download_hint(names) -> str:
@@ -77,7 +94,7 @@ def _download_hint(names) -> str:
   if not fetchable:
     return ''
   one = len(fetchable) == 1
-  return (f' Pass --download to fetch {", ".join(fetchable)} from '
+  return (f' Pass {download_lib.DOWNLOAD_FLAG} to fetch {", ".join(fetchable)} from '
           f'{"its public source" if one else "their public sources"}.')
 
 
@@ -103,7 +120,12 @@ def available(data_dir: str | None = None, download: bool = False) -> tuple[str,
 
 def check_datasets(names, data_dir: str | None = None, download: bool = False
                    ) -> tuple[str, ...]:
-  """Returns the names as a tuple; unknown ones raise a ValueError listing the files found."""
+  """Returns the names as a tuple after checking that each can be read.
+
+  Unknown names raise a ValueError listing (some of) the files found; a file of the data
+  directory that `parse` refuses raises its one-line error (file and line), so a config check
+  refuses a broken file before a run starts. Files still to be downloaded are not read here.
+  """
   names = tuple(n.strip().lower() for n in names if n.strip())
   found = available(data_dir, download)
   unknown = [n for n in names if n not in found]
@@ -111,9 +133,21 @@ def check_datasets(names, data_dir: str | None = None, download: bool = False
     where = (f'files in {uci_dir(data_dir)}' if not download
              else f'files in {_local_dir(data_dir)} or downloadable')
     raise ValueError(
-        f'--datasets: unknown datasets {unknown or list(names)}; valid ({where}): '
-        f'{", ".join(found)}.' + ('' if download else _download_hint(unknown)))
+        f'unknown datasets {unknown or list(names)}; valid ({where}): '
+        f'{_join(found)}.' + ('' if download else _download_hint(unknown)))
+  folder = _local_dir(data_dir)
+  for name in names:
+    path = os.path.join(folder, f'{name}.txt') if folder else None
+    if path and os.path.isfile(path):
+      parse(path)
   return names
+
+
+def _join(names, limit: int = 10) -> str:
+  """`names` comma separated, at most `limit` of them, then how many more."""
+  names = list(names)
+  more = f', ... ({len(names) - limit} more)' if len(names) > limit else ''
+  return ', '.join(names[:limit]) + more
 
 
 def parse(path: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -185,8 +219,8 @@ def load(name: str, data_dir: str | None = None, download: bool = False,
       path = download_lib.find(f'uci/{name}.txt', data_dir, True, cache_dir, base_url)
     else:
       raise ValueError(
-          f'--datasets: no file {name}.txt in {folder}; found: '
-          f'{", ".join(available(data_dir, download))}.'
+          f'--config.datasets: no file {name}.txt in {folder}; found: '
+          f'{_join(available(data_dir, download))}.'
           + ('' if download else _download_hint([name])))
   x, y, last_line = parse(path)
   return Dataset(name, x, y, path, last_line)
@@ -215,7 +249,7 @@ def make_splits(n: int, num_splits: int, seed: int, test_fraction: float = 0.2,
   standard deviation), the others at least 1.
   """
   if num_splits < 1:
-    raise ValueError(f'--num_splits must be >= 1, got {num_splits}.')
+    raise ValueError(f'--config.num_splits must be >= 1, got {num_splits}.')
   if not 0.0 < test_fraction < 1.0 or not 0.0 <= val_fraction < 1.0:
     raise ValueError(f'fractions must be in (0, 1), got test {test_fraction}, val {val_fraction}.')
   n_fit, n_val, n_test = split_sizes(n, test_fraction, val_fraction)

@@ -42,8 +42,7 @@ def check_data(config) -> None:
     uci_data.check_datasets(validate.split_names(config.datasets), config.get('data_dir'),
                             config.get('download', False))
   except ValueError as e:
-    message = (str(e).removeprefix('--datasets: ').replace('--data_dir', '--config.data_dir')
-               .replace('--download', '--config.download=True'))
+    message = str(e).removeprefix('--config.datasets: ')
     raise validate.ConfigError(f'--config.datasets={config.datasets}: {message}') from None
 HIDDEN = 100
 PLATEAU_PATIENCE, STOP_PATIENCE = 50, 100

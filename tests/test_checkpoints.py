@@ -85,6 +85,16 @@ def test_resume_equals_uninterrupted(tmp_path):
   assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = json.loads(line[-1][len('RESULT '):])
   assert out['b_first_status'] == 'preempted' and out['b_first_steps'] == 5, out
+  # The resume lines count epochs as the progress lines do (from 1): B resumes inside epoch 2
+  # (2 of its 3 steps done), C after epoch 1; the next progress line names the same epoch.
+  lines = proc.stdout.splitlines()
+  resumed = [l for l in lines if l.startswith('resumed from')]
+  assert resumed == ['resumed from step 5: in epoch 2/3, at step 2/3',
+                     'resumed from step 3: after epoch 1/3, continuing with epoch 2/3 at step 0/3'
+                     ], resumed
+  for text, progress in zip(resumed, ('epoch 2/3 step 3/3 ', 'epoch 2/3 step 1/3 ')):
+    after = lines[lines.index(text) + 1:]
+    assert next(l for l in after if l.startswith('epoch ')).startswith(progress), after[:3]
   # The data iterator's grain state is in the checkpoint: record 5 is next.
   assert len(out['b_data_files']) == 1 and 'process_0' in out['b_data_files'][0], out
   assert out['b_data_state'][0]['next_index'] == 5, out

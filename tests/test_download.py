@@ -132,10 +132,11 @@ def test_without_download_nothing_is_fetched(server, tmp_path, monkeypatch):
   base, requests, _ = server
   monkeypatch.setenv(download.BASE_URL_ENV, f'{base}/data')
   n = len(requests)
-  with pytest.raises(FileNotFoundError, match=r'banana.csv not found \(no --data_dir and no '
-                     r'\$GEOPARAM_DATA_DIR\).*--download'):
+  with pytest.raises(FileNotFoundError, match=r'banana.csv not found \(no --config.data_dir and no '
+                     r'\$GEOPARAM_DATA_DIR\).*\(--config.download=True; download=True in Python\)'):
     download.find('banana.csv', None, cache_dir=str(tmp_path))
-  with pytest.raises(FileNotFoundError, match=r"--data_dir='.*empty'.*GEOPARAM_DATA_DIR=DIR"):
+  with pytest.raises(FileNotFoundError,
+                     match=r"--config.data_dir='.*empty'.*GEOPARAM_DATA_DIR=DIR"):
     download.find('banana.csv', str(tmp_path / 'empty'), cache_dir=str(tmp_path))
   assert len(requests) == n and _files(tmp_path) == []
 
@@ -213,13 +214,14 @@ def test_loaders_download_when_allowed(server, tmp_path):
   assert uci_data.available(None, download=True) == uci_data.PAPER_DATASETS
   # Without download, the errors of a missing data directory stay, with a hint.
   n = len(requests)
-  with pytest.raises(ValueError, match='GEOPARAM_DATA_DIR.*--download'):
+  with pytest.raises(ValueError, match='GEOPARAM_DATA_DIR.*--config.download=True'):
     banana_2d.load_banana(None)
   with pytest.raises(ValueError, match='does not exist'):
     uci_data.load('yacht', str(tmp_path / 'nowhere'))
   (tmp_path / 'some' / 'uci').mkdir(parents=True)
   (tmp_path / 'some' / 'uci' / 'toy.txt').write_text('1 2\n3 4\n')
-  with pytest.raises(ValueError, match='no file yacht.txt.*found: toy. Pass --download'):
+  with pytest.raises(ValueError,
+                     match='no file yacht.txt.*found: toy. Pass --config.download=True'):
     uci_data.load('yacht', str(tmp_path / 'some'))
   with pytest.raises(ValueError, match=r"unknown datasets \['nope'\].*or downloadable"):
     uci_data.check_datasets(['nope'], None, download=True)

@@ -6,16 +6,20 @@ network) from a copy of the checkout (no stale `build/` folder can leak in). It 
 a checkout. The fresh venv gets geoparam from the wheel alone (`--no-deps --no-index`); its
 dependencies (jax, flax, ...) come from this interpreter's site-packages through a `.pth` line,
 which adds those folders without running their `.pth` files (so the editable install of the
-checkout stays invisible there).
+checkout stays invisible there). The sdist (`python -m build`'s other half) leaves the tests
+out (they need `experiments/` and the data of a checkout) and rebuilds the same wheel; the wheel's
+long description is the short `PYPI.md`, not the README.
 """
 
 import email.parser
 import importlib.metadata
 import os
+import re
 import shutil
 import site
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -86,7 +90,54 @@ def test_wheel_holds_the_library_only(wheel):
     assert str(Requirement(dep)) in requires, (dep, requires)
   assert set(metadata.get_all('Provides-Extra')) == {'experiments', 'test'}
   assert metadata['Summary'].startswith('Geometric parameterization (GmP)')
-  assert metadata.get_payload().startswith('# geoparam')  # the README as long description
+  # `python -m build` (the README's command) comes with the test extra.
+  assert 'build>=1.2; extra == "test"' in {
+      str(Requirement(r)) for r in metadata.get_all('Requires-Dist')}
+  # The long description is PYPI.md, short, pointing to the repository (not the 56 KB README).
+  with open(os.path.join(ROOT, 'PYPI.md'), encoding='utf-8') as f:
+    assert metadata.get_payload().strip() == f.read().strip()
+  assert metadata['Description-Content-Type'] == 'text/markdown'
+  assert metadata.get_payload().startswith('# geoparam')
+  assert len(metadata.get_payload()) < 4000 and 'the **Repository** link' in metadata.get_payload()
+
+
+@pytest.fixture(scope='module')
+def sdist(tmp_path_factory):
+  """Path of the sdist built from a copy of the checkout, offline (setuptools' build_sdist, what
+  `python -m build --sdist --no-isolation` calls)."""
+  tmp = tmp_path_factory.mktemp('sdist')
+  src, out = tmp / 'src', tmp / 'dist'
+  shutil.copytree(ROOT, src, ignore=_IGNORE)
+  proc = subprocess.run(
+      [sys.executable, '-c',
+       f'from setuptools import build_meta; build_meta.build_sdist({str(out)!r})'],
+      cwd=src, capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  sdists = sorted(out.glob('*.tar.gz'))
+  assert len(sdists) == 1, sdists
+  return sdists[0]
+
+
+def test_sdist_leaves_the_tests_out_and_rebuilds_the_wheel(sdist, wheel, tmp_path):
+  """The tests need experiments/ and the data of a checkout: not in the sdist, which holds what
+  rebuilds the wheel (the same files as the one built from the checkout)."""
+  version = _pyproject_version()['version']
+  with tarfile.open(sdist) as t:
+    names = [n.split('/', 1)[1] for n in t.getnames() if '/' in n]
+    t.extractall(tmp_path, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+  top = {n.split('/')[0] for n in names}
+  assert top == {'geoparam', 'geoparam.egg-info', 'LICENSE', 'MANIFEST.in', 'PKG-INFO',
+                 'PYPI.md', 'README.md', 'pyproject.toml', 'setup.cfg'}, sorted(top)
+  assert not any(n.endswith(('.pyc', '.pyo')) for n in names)
+  out = tmp_path / 'dist'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '--no-index',
+       '-q', '-w', str(out), str(tmp_path / f'geoparam-{version}')],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  (rebuilt,) = out.glob('*.whl')
+  with zipfile.ZipFile(rebuilt) as a, zipfile.ZipFile(wheel) as b:
+    assert sorted(a.namelist()) == sorted(b.namelist())
 
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
@@ -113,13 +164,16 @@ params = layer.init(jax.random.PRNGKey(0), x)
 y = layer.apply(params, x)
 print(y.shape, bool(jnp.all(jnp.isfinite(y))), bool(jnp.all(y >= 0)))
 """
+  with open(os.path.join(ROOT, 'PYPI.md'), encoding='utf-8') as f:  # its example runs there too
+    code += re.search(r'```python\n(.*?)```', f.read(), re.DOTALL).group(1) + 'print(y.shape)\n'
   env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
   env['JAX_PLATFORMS'] = 'cpu'
   proc = subprocess.run([python, '-c', code], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  where, version, specs, result = proc.stdout.strip().splitlines()
+  where, version, specs, result, pypi_example = proc.stdout.strip().splitlines()
   assert where == os.path.join(purelib, 'geoparam')  # the wheel's copy, not the checkout
   assert version == _pyproject_version()['version']
   assert specs == 'None None'  # no top-level experiments / benchmarks packages
   assert result == '(2, 3) True True'
+  assert pypi_example == '(2, 3)'

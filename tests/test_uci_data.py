@@ -58,7 +58,7 @@ def test_environment_variable(tmp_path, monkeypatch):
   monkeypatch.setenv(uci_data.ENV_VAR, data_dir)
   assert uci_data.load('toy').x.shape == (2, 2)
   monkeypatch.delenv(uci_data.ENV_VAR)
-  with pytest.raises(ValueError, match='--data_dir.*GEOPARAM_DATA_DIR'):
+  with pytest.raises(ValueError, match='--config.data_dir.*GEOPARAM_DATA_DIR'):
     uci_data.load('toy')
 
 
@@ -83,23 +83,23 @@ def test_too_few_rows_for_the_splits(tmp_path):
 
 
 def test_missing_directory_and_unknown_dataset(tmp_path):
-  with pytest.raises(ValueError, match='--data_dir.*does not exist'):
+  with pytest.raises(ValueError, match='--config.data_dir.*does not exist'):
     uci_data.load('yacht', str(tmp_path / 'nowhere'))
   (tmp_path / 'other.csv').write_text('1,2\n')
-  with pytest.raises(ValueError, match=r"--data_dir.*holds \['other.csv'\]"):
+  with pytest.raises(ValueError, match=r"--config.data_dir.*holds 1 entry: other.csv\."):
     uci_data.load('yacht', str(tmp_path))
-  with pytest.raises(ValueError, match='--datasets.*no file nope.txt.*boston, concrete'):
+  with pytest.raises(ValueError, match='--config.datasets.*no file nope.txt.*boston, concrete'):
     uci_data.load('nope', DATA_DIR)
-  with pytest.raises(ValueError, match=r"--datasets: unknown datasets \['nope'\].*yacht"):
+  with pytest.raises(ValueError, match=r"^unknown datasets \['nope'\].*yacht"):
     uci_data.check_datasets(['yacht', 'nope'], DATA_DIR)
-  with pytest.raises(ValueError, match="does not exist. Pass --download to fetch boston, "
-                                       "concrete, energy, power, wine, yacht from their public"):
+  with pytest.raises(ValueError, match="does not exist. Pass --config.download=True to fetch "
+                                       "boston, concrete, energy, power, wine, yacht from their"):
     uci_data.check_datasets(['yacht'], str(tmp_path / 'nowhere'))
   # A folder of the user's own files only: a paper dataset missing there gets the download hint.
   (tmp_path / 'mine.txt').write_text('1 2\n3 4\n')
   with pytest.raises(ValueError, match=r"unknown datasets \['yacht', 'nope'\]; valid \(files in "
-                                       r".*\): mine\. Pass --download to fetch yacht from its "
-                                       r"public source\.$"):
+                                       r".*\): mine\. Pass --config.download=True to fetch "
+                                       r"yacht from its public source\.$"):
     uci_data.check_datasets(['yacht', 'nope'], str(tmp_path))
   with pytest.raises(ValueError, match=r"\['nope'\]; valid \(files in .*\): mine\.$"):
     uci_data.check_datasets(['nope'], str(tmp_path))
@@ -116,7 +116,7 @@ def test_splits_partition_the_rows():
   # Split i depends only on (seed, i), not on how many splits are drawn.
   np.testing.assert_array_equal(uci_data.make_splits(308, 2, seed=3, val_fraction=0.2).test,
                                 s.test[:2])
-  with pytest.raises(ValueError, match='--num_splits'):
+  with pytest.raises(ValueError, match='--config.num_splits'):
     uci_data.make_splits(308, 0, seed=0)
 
 
