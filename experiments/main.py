@@ -44,10 +44,13 @@ flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-
 flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-host).')
 flags.DEFINE_integer('process_id', None, 'Index of this process (multi-host).')
 flags.DEFINE_bool('distributed_auto', False, 'jax.distributed.initialize() with auto-detection.')
+flags.DEFINE_bool('overwrite', False, 'Run into a workdir that holds the finished results of the '
+                  'same study, replacing them (refused otherwise).')
 flags.DEFINE_bool('dry_run', False, 'Check the config, its data and the workdir, print the config '
                   'and exit without running or creating anything.')
 
 EXIT_BAD_SETTING = 2
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs')
 
 
 def _config_argument(argv) -> str | None:
@@ -100,11 +103,47 @@ def _diagnose(argv, error: BaseException) -> str:
   return message[len('flag '):] if message.startswith('flag --') else message
 
 
+def usage(argv) -> str:
+  """`--help`: how to run, the config files (first docstring line each) and, with `--config`,
+  that config's fields and values."""
+  import ast  # pylint: disable=g-import-not-at-top
+  lines = [__doc__.strip(), '', 'Configs (--config=experiments/configs/<name>.py[:arg]):']
+  for name in config_names():
+    with open(os.path.join(CONFIG_DIR, f'{name}.py')) as f:
+      doc = (ast.get_docstring(ast.parse(f.read())) or '').strip().splitlines()
+    lines.append(f'  {name:24s}{doc[0] if doc else ""}')
+  value = _config_argument(argv)
+  if value:
+    try:
+      config = _load_config(value)
+      lines += ['', f'Fields of --config={value} (set any with --config.<field>=<value>):']
+      lines += [f'  --config.{k}={config[k]!r}' for k in sorted(config.keys())]
+    except Exception as e:  # pylint: disable=broad-except
+      lines += ['', f'--config={value}: {_one_line(e)}']
+  else:
+    lines += ['', 'Add --config=<file> to --help to list that config\'s --config.<field> '
+              'settings.']
+  lines += ['', 'Flags: --config, --workdir, --dry_run (check the settings, the data and the '
+            'workdir, print the config, run nothing), --overwrite, --coordinator_address, '
+            '--num_processes, --process_id, --distributed_auto (several hosts); --helpfull '
+            "lists absl's own flags too."]
+  return '\n'.join(lines)
+
+
+def config_names() -> list[str]:
+  """The config files under experiments/configs (without `.py`)."""
+  return sorted(n[:-3] for n in os.listdir(CONFIG_DIR)
+                if n.endswith('.py') and n not in ('__init__.py', 'common.py', 'validate.py'))
+
+
 def parse_flags(argv):
   """Parses the flags and checks the config and workdir; exits 2 with one line if refused."""
   prog = os.path.basename(argv[0]) if argv else 'experiments.main'
   if prog in ('main.py', '__main__.py', '-m'):
     prog = 'experiments.main'
+  if any(a in ('--help', '-h', '-?', '--helpshort') for a in argv[1:]):
+    print(usage(argv))
+    sys.exit(0)
   try:
     try:
       rest = FLAGS(argv)
@@ -122,7 +161,7 @@ def parse_flags(argv):
           f'--config={_config_argument(argv)}: cannot read the config file ({_one_line(e)})'
       ) from None
     del fields
-    check(FLAGS.config, FLAGS.workdir)
+    check(FLAGS.config, FLAGS.workdir, FLAGS.overwrite)
   except validate.ConfigError as e:
     print(f'{prog}: {e}', file=sys.stderr)
     sys.exit(EXIT_BAD_SETTING)
@@ -156,15 +195,16 @@ def study_module(config):
   return module
 
 
-def check(config, workdir: str):
+def check(config, workdir: str, overwrite: bool = False):
   """Checks `config` (its study's `CONFIG_RULES`, then the shared rules), the study's data
-  (`check_data`) and `workdir`; returns the study module. Raises `validate.ConfigError`."""
+  (`check_data`) and `workdir` (`overwrite`: see `validate.check_workdir`); returns the study
+  module. Raises `validate.ConfigError`."""
   validate.check_config({'study': config.get('study', 'train')})
   module = study_module(config)
   validate.check_config(config, getattr(module, 'CONFIG_RULES', None))
   if hasattr(module, 'check_data'):
     module.check_data(config)
-  validate.check_workdir(workdir, config.get('study', 'train'))
+  validate.check_workdir(workdir, config.get('study', 'train'), overwrite)
   return module
 
 
@@ -181,10 +221,9 @@ def run(config, workdir: str):
   return module.run(config, workdir)
 
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs')
 
-
-def run_study(study: str, workdir: str, arg: str | None = None, **fields):
+def run_study(study: str, workdir: str, arg: str | None = None, *, overwrite: bool = False,
+              **fields):
   """Runs a study from Python exactly as the command line does, and returns what it returns.
 
   `run_study('levy_1d', DIR, 'smoke', num_seeds=3)` is `python -m experiments.main
@@ -198,15 +237,14 @@ def run_study(study: str, workdir: str, arg: str | None = None, **fields):
       config such as 'cifar10_cnn').
     workdir: the directory the study writes to.
     arg: the config's argument (`'smoke'`, `'method=gmp,smoke'`), or None.
+    overwrite: `--overwrite` (replace the finished results of the same study in `workdir`).
     **fields: config fields to override (a sequence for a comma-separated names field
       such as `methods` is joined).
   """
   path = os.path.join(CONFIG_DIR, f'{study}.py')
   if not os.path.isfile(path):
-    names = sorted(n[:-3] for n in os.listdir(CONFIG_DIR)
-                   if n.endswith('.py') and n not in ('__init__.py', 'common.py', 'validate.py'))
     raise validate.ConfigError(f'study={study!r}: no config file {path}; configs: '
-                               f'{", ".join(names)}.')
+                               f'{", ".join(config_names())}.')
   config = _load_config(f'{path}:{arg}' if arg is not None else path)
   for name, value in fields.items():
     if name not in config:
@@ -218,7 +256,7 @@ def run_study(study: str, workdir: str, arg: str | None = None, **fields):
     except (TypeError, ValueError) as e:
       raise validate.ConfigError(validate.field_message(name, value, config) or
                                  f'--config.{name}={value!r}: {_one_line(e)}') from None
-  check(config, workdir)
+  check(config, workdir, overwrite)
   return run(config, workdir)
 
 

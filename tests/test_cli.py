@@ -253,3 +253,32 @@ def test_dry_run_checks_everything_and_creates_nothing(tmp_path):
   assert not workdir.exists()
   assert_refused(run_main([LEVY, '--config.num_seeds=0', f'--workdir={workdir}', '--dry_run']),
                  '--config.num_seeds=0: must be an int >= 1.')
+
+
+def test_a_finished_run_is_not_overwritten_without_overwrite(tmp_path):
+  """Issue 28: a run into the workdir of a finished run of the same study (a :smoke run into a
+  full run's) is refused, one line, unless --overwrite; an unfinished one is resumed/rewritten."""
+  workdir = tmp_path / 'levy'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text(json.dumps({'study': 'levy_1d'}))
+  ok = run_main([LEVY, f'--workdir={workdir}', '--dry_run'])  # no results.json yet
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  (workdir / 'results.json').write_text('{}')
+  assert_refused(run_main([LEVY, f'--workdir={workdir}', '--dry_run']),
+                 'holds the finished results of a levy_1d run (results.json); pick a new '
+                 'directory, or pass --overwrite to replace them.')
+  ok = run_main([LEVY, f'--workdir={workdir}', '--overwrite', '--dry_run'])
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  with pytest.raises(validate.ConfigError, match='--overwrite'):
+    main_lib.check(main_lib._load_config(os.path.join(ROOT, LEVY.split('=', 1)[1])),
+                   str(workdir))
+
+
+def test_help_lists_the_configs_and_a_configs_fields_and_exits_0():
+  plain = run_main(['--help'])
+  assert plain.returncode == 0 and plain.stderr == '', plain.stderr[-2000:]
+  assert 'levy_1d ' in plain.stdout and 'cifar10_cnn ' in plain.stdout
+  assert '--dry_run' in plain.stdout and '--overwrite' in plain.stdout
+  fields = run_main([LEVY, '--help'])
+  assert fields.returncode == 0
+  assert "--config.study='levy_1d'" in fields.stdout and '--config.num_seeds=' in fields.stdout

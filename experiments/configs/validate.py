@@ -403,11 +403,16 @@ def check_cifar10(data_dir: str | None) -> None:
 MARKER = 'config.json'  # what every run of experiments.main writes first
 
 
-def check_workdir(workdir: str, study: str) -> None:
+RESULTS = 'results.json'  # what a finished study run writes last (experiments.report.write)
+
+
+def check_workdir(workdir: str, study: str, overwrite: bool = False) -> None:
   """Refuses a workdir that cannot be written or that holds something not ours.
 
   Ours: absent, empty, or holding the `config.json` of a run of the same study
-  (the vision trainer resumes from it). Nothing is created here.
+  (the vision trainer resumes from it) that has not finished: one that wrote its
+  `results.json` is refused unless `overwrite` (a `:smoke` run into the workdir of
+  a full run would replace its results). Nothing is created here.
 
   Raises:
     ConfigError: one line saying what is wrong with `workdir`.
@@ -438,6 +443,10 @@ def check_workdir(workdir: str, study: str) -> None:
     if previous != study:
       raise ConfigError(f'--workdir={workdir}: holds a run of study {previous!r}, not '
                         f'{study!r}; pick a new or empty directory.')
+    if os.path.isfile(os.path.join(path, RESULTS)) and not overwrite:
+      raise ConfigError(f'--workdir={workdir}: holds the finished results of a {study} run '
+                        f'({RESULTS}); pick a new directory, or pass --overwrite to replace '
+                        'them.')
     return
   parent = os.path.dirname(path)
   while not os.path.exists(parent):
