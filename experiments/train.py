@@ -27,8 +27,9 @@ The shape of flax's `examples/imagenet` and big_vision's `train.py`:
   happened to `metrics.jsonl` and `failure.json`, and leaves the last good
   checkpoint untouched.
 
-Files in `workdir`: `config.json`, `metrics.jsonl`, `metrics.csv`,
-`summary.json`, `checkpoints/{last,best}/`.
+Files in `workdir`: `config.json`, `metrics.jsonl`, `metrics.csv` (the per-epoch
+stream), `results.json/csv/md` (`experiments.report.write`, like every study's: the
+summary, the last and best states' evaluation), `checkpoints/{last,best}/`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import optax
 from experiments import checkpoints as ckpt_lib
 from experiments import input_pipeline
 from experiments import models
+from experiments import report
 from experiments import sharding
 from experiments import vision_models
 from experiments.configs import validate
@@ -516,7 +518,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       send SIGTERM at a chosen step).
 
   Returns:
-    The summary (also in `workdir/summary.json`), plus `state` (the last train state)
+    The summary (also in `workdir/results.json`), plus `state` (the last train state)
     and `best_state` (the restored best checkpoint, None without one).
   """
   t_start = time.time()
@@ -645,12 +647,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       summary['best'] = evaluate(trainer, best, eval_loader, mesh, eval_batches)
   ckpts.close()
   if main:
-    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=2)
-    print('summary: ' + json.dumps(summary), flush=True)
-  summary['state'] = state  # the last state (not returned in summary.json)
+    _report(workdir, summary, config, t_start)
+  summary['state'] = state  # the last state (not in results.json)
   summary['best_state'] = best  # restored best checkpoint, or None
   return summary
+
+
+def _report(workdir, summary, config, t_start) -> None:
+  """results.json/csv/md through `report.write`, as every study writes them: the summary, one
+  row per evaluated state (last, best) and their table. A preempted run's `status` says it
+  is not finished (so the workdir is resumed, not refused as a finished run's)."""
+  rows = [{'state': name, 'epoch': summary['best_epoch'] if name == 'best' else summary['epochs'],
+           **summary[name]} for name in ('last', 'best') if name in summary]
+  keys = sorted({k for r in rows for k in r} - {'state', 'epoch'})
+  table = '\n'.join([f'| state | epoch | {" | ".join(keys)} |',
+                     '|' + ' --- |' * (len(keys) + 2)] +
+                    [f'| {r["state"]} | {r["epoch"]} | ' +
+                     ' | '.join(f'{r.get(k, float("nan")):.4f}' for k in keys) + ' |'
+                     for r in rows])
+  if not rows:
+    table = f'status {summary["status"]} after {summary["steps"]} steps: no final evaluation.'
+  report.write(workdir, 'train', summary=summary, rows=rows, table=table, claims={},
+               config=config)
+  del t_start  # the summary's wall_time_s is the trainer's own
 
 
 def _fail(workdir, writer, main, epoch, step, loss):

@@ -272,6 +272,8 @@ def test_a_finished_run_is_not_overwritten_without_overwrite(tmp_path):
   with pytest.raises(validate.ConfigError, match='--overwrite'):
     main_lib.check(main_lib._load_config(os.path.join(ROOT, LEVY.split('=', 1)[1])),
                    str(workdir))
+  (workdir / 'results.json').write_text(json.dumps({'status': 'preempted'}))  # the trainer's
+  validate.check_workdir(str(workdir), 'levy_1d')  # an unfinished run resumes
 
 
 def test_help_lists_the_configs_and_a_configs_fields_and_exits_0():

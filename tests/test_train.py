@@ -32,7 +32,10 @@ def test_imagenet32_smoke_on_mock_tfds_records(tmp_path, capsys):
   events = os.listdir(tmp_path / 'tensorboard')
   assert any(name.startswith('events.out.tfevents') for name in events), events
   out = capsys.readouterr().out
-  assert 'img/s' in out and 'ETA' in out and 'summary:' in out
+  assert 'img/s' in out and 'ETA' in out and '[train] wrote results.json, results.csv' in out
+  results = json.loads((tmp_path / 'results.json').read_text())  # report.write, as every study
+  assert results['status'] == 'finished' and results['last'] == summary['last']
+  assert results['config']['method'] == 'gmp_imn' and (tmp_path / 'results.md').exists()
 
 
 def test_nonfinite_loss_stops_with_message(tmp_path, monkeypatch):

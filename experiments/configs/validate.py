@@ -443,7 +443,7 @@ def check_workdir(workdir: str, study: str, overwrite: bool = False) -> None:
     if previous != study:
       raise ConfigError(f'--workdir={workdir}: holds a run of study {previous!r}, not '
                         f'{study!r}; pick a new or empty directory.')
-    if os.path.isfile(os.path.join(path, RESULTS)) and not overwrite:
+    if _finished(os.path.join(path, RESULTS)) and not overwrite:
       raise ConfigError(f'--workdir={workdir}: holds the finished results of a {study} run '
                         f'({RESULTS}); pick a new directory, or pass --overwrite to replace '
                         'them.')
@@ -455,6 +455,19 @@ def check_workdir(workdir: str, study: str, overwrite: bool = False) -> None:
     raise ConfigError(f'--workdir={workdir}: {parent} is not a directory.')
   if not _can_write_in(parent):
     raise ConfigError(f'--workdir={workdir}: cannot be created ({parent} is not writable).')
+
+
+def _finished(results: str) -> bool:
+  """Whether `results` (a results.json) records a finished run: a study's, or a trainer's whose
+  `status` is 'finished' (a preempted one resumes)."""
+  if not os.path.isfile(results):
+    return False
+  try:
+    with open(results) as f:
+      status = json.load(f).get('status', 'finished')
+  except (OSError, ValueError, AttributeError):
+    return True
+  return status == 'finished'
 
 
 def _can_write_in(directory: str) -> bool:
