@@ -42,6 +42,29 @@ def x64():
     yield
 
 
+@pytest.fixture
+def compile_once(tmp_path):
+  """JAX's persistent compilation cache in `tmp_path`, for this test only: a program whose HLO
+  was compiled earlier in the test (e.g. one split trained alone, then the next with the same
+  shapes) is loaded instead of compiled again. The cache is keyed on the whole HLO, so any
+  program that differs still compiles; the results are those of the same executable."""
+  from jax.experimental.compilation_cache import compilation_cache
+
+  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
+           'jax_persistent_cache_min_entry_size_bytes')
+  old = {name: getattr(jax.config, name) for name in names}
+  jax.config.update('jax_compilation_cache_dir', str(tmp_path / 'jax_cache'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    for name, value in old.items():
+      jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
 def tfds_record(image: np.ndarray, label: int) -> bytes:
   """A serialized `tf.train.Example` as TFDS stores an image example: the PNG and the label."""
   from PIL import Image
