@@ -90,8 +90,10 @@ def _zero_sum(variables):
   return {**variables, 'params': jax.tree_util.tree_map_with_path(centre, variables['params'])}
 
 
-@pytest.mark.parametrize('method', ['gmp_imn', 'lcw', 'cwn'])  # gmp_imn converts GmP, then IMN
-def test_scan_transformer_converts_trains_and_bakes(trained_transformer, method):
+@pytest.mark.parametrize('method,train', [('gmp_imn', True), ('lcw', False), ('cwn', True)])
+def test_scan_transformer_converts_trains_and_bakes(trained_transformer, method, train):
+  """gmp_imn converts GmP, then IMN; lcw is converted and baked (CWN trains the constrained
+  form on, a compile less for the suite)."""
   model, sp, x, y = trained_transformer
   if method in ('lcw', 'cwn'):
     sp = _zero_sum(sp)
@@ -107,8 +109,10 @@ def test_scan_transformer_converts_trains_and_bakes(trained_transformer, method)
     np.testing.assert_array_equal(
         new['batch_stats']['blocks']['mlp_in']['input_mean_norm']['mean'], np.zeros((2, 8)))
   assert _rel(rp.apply(new, x), ref) <= 1e-5
-  trained, losses = _train(rp, new, x, y, 3)
-  assert losses[-1] < losses[0], losses
+  trained = new
+  if train:
+    trained, losses = _train(rp, new, x, y, 3)
+    assert losses[-1] < losses[0], losses
   baked = geoparam.bake(rp, trained, x)
   assert jax.tree.structure(baked) == jax.tree.structure(sp)
   assert _rel(model.apply(baked, x), rp.apply(trained, x)) <= 1e-5
@@ -142,9 +146,7 @@ def test_vmap_ensemble_and_remat_member_gmp_imn():
   assert new['batch_stats']['ensemble']['hidden']['input_mean_norm']['mean'].shape == (3, 5)
   assert new['batch_stats']['solo']['hidden']['input_mean_norm']['mean'].shape == (5,)
   assert _rel(rp.apply(new, x), ref) <= 1e-5
-  trained, losses = _train(rp, new, x, jnp.zeros((6, 2)), 3)
-  assert losses[-1] < losses[0]
-  assert _rel(model.apply(geoparam.bake(rp, trained, x), x), rp.apply(trained, x)) <= 1e-5
+  assert _rel(model.apply(geoparam.bake(rp, new, x), x), ref) <= 1e-5  # the scan test trains
   # each member is its own layer: a conversion error names the member
   with pytest.raises(ValueError, match=r'layer ensemble/hidden\[0\]: CWN constrains'):
     geoparam.to_reparameterized(geoparam.reparameterize(model, 'cwn', exclude=['out']), sp, x)
@@ -204,8 +206,7 @@ def _nnx_train(model, x, y, steps):
   return training.nnx_train(model, x, y, steps, optax.adam(1e-2))
 
 
-@pytest.mark.parametrize('method,drop', [('gmp', False), ('gmp_imn', True), ('lcw', False),
-                                         ('cwn', True)])
+@pytest.mark.parametrize('method,drop', [('gmp', False), ('gmp_imn', True), ('cwn', True)])
 def test_nnx_scan_mlp_converts_trains_and_bakes(method, drop):
   x, y = jax.random.normal(jax.random.key(0), (8, 4)), jax.random.normal(jax.random.key(1), (8, 2))
   model = NNXScanMLP(nnx.Rngs(0))
