@@ -25,7 +25,6 @@ def _slice(data, i):
   return {k: v[i:i + 1] for k, v in data.items()}
 
 
-@pytest.mark.usefixtures('compile_once')  # the four one-split runs: one program, compiled once
 @pytest.mark.parametrize('method', ['bn', 'gmp'])
 def test_vmapped_splits_equal_each_split_alone(method):
   with jax.enable_x64(True):
