@@ -51,7 +51,7 @@ def parse(path: str) -> tuple[np.ndarray, np.ndarray]:
       try:
         values = [float(c) for c in cells]
       except ValueError:
-        bad = next(c for c in cells if not _is_float(c))
+        bad = next(c for c in cells if not download_lib.is_number(c))
         raise ValueError(f'{path}, line {number}: non-numeric cell {bad[:40]!r}.') from None
       if not all(np.isfinite(values)):
         raise ValueError(f'{path}, line {number}: non-finite value in {text[:80]!r}.')
@@ -62,14 +62,6 @@ def parse(path: str) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f'{path}: no data rows after the header {",".join(HEADER)}.')
   table = np.asarray(rows, np.float64)
   return table[:, :2], (table[:, 2] > 0).astype(np.int64)
-
-
-def _is_float(cell: str) -> bool:
-  try:
-    float(cell)
-  except ValueError:
-    return False
-  return True
 
 
 def load(data_dir: str | None = None, download: bool = False, cache_dir: str | None = None,

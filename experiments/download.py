@@ -261,3 +261,16 @@ def find(path: str, data_dir: str | None = None, download: bool = False,
       f'{path} not found ({where}). Pass {flag}=DIR or set {DATA_DIR_ENV}=DIR to a folder '
       f'holding {path}, or allow the download ({DOWNLOAD_FLAG}; download=True in Python) from its '
       f'public source ({remote.source}) into the cache {cache_root(cache_dir)}.')
+
+
+def is_number(cell: str) -> bool:
+  """Whether a data file's cell parses as a float (the loaders name the first one that does not).
+
+    >>> is_number('1e-3'), is_number('a')
+    (True, False)
+  """
+  try:
+    float(cell)
+  except ValueError:
+    return False
+  return True

@@ -174,7 +174,7 @@ def parse(path: str) -> tuple[np.ndarray, np.ndarray, int]:
       try:
         rows.append([float(c) for c in cells])
       except ValueError:
-        bad = next(c for c in cells if not _is_float(c))
+        bad = next(c for c in cells if not download_lib.is_number(c))
         raise ValueError(f'{path}, line {number}: non-numeric cell {bad!r}.') from None
       last_line = number
   if not rows:
@@ -185,14 +185,6 @@ def parse(path: str) -> tuple[np.ndarray, np.ndarray, int]:
     raise ValueError(
         f'{path}: non-finite value {data[r, c]} in column {c + 1} of data row {r + 1}.')
   return data[:, :-1], data[:, -1], last_line
-
-
-def _is_float(cell: str) -> bool:
-  try:
-    float(cell)
-  except ValueError:
-    return False
-  return True
 
 
 class Dataset(NamedTuple):
