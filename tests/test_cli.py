@@ -4,6 +4,7 @@ no traceback or usage text, and no workdir created; every config field has a val
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -224,14 +225,24 @@ def test_a_new_study_is_one_module_and_one_config(tmp_path):
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert json.loads((workdir / 'toy.json').read_text()) == {'greeting': 'hi', 'epochs': 2}
   assert json.loads((workdir / 'config.json').read_text())['study'] == 'toy_pkg_geoparam.toy_study'
-  for args, says in [(['--config.greeting=hey'], '--config.greeting=hey: must be one of hello, hi'),
-                     (['--config.num_epochs=0'], '--config.num_epochs=0: must be an int >= 1.'),
-                     (['--config.data_dir=missing'], 'no toy data there'),
-                     (['--config.study=toy_pkg_geoparam.nope'],
-                      'no study module toy_pkg_geoparam.nope')]:
-    bad = run(f'--workdir={tmp_path / "bad"}', *args)
-    assert bad.returncode == 2 and bad.stderr.count('\n') == 1 and says in bad.stderr, bad.stderr
-    assert not (tmp_path / 'bad').exists()
+  bad = run(f'--workdir={tmp_path / "bad"}', '--config.greeting=hey')  # its own rule, one line
+  assert bad.returncode == 2 and bad.stderr.count('\n') == 1, bad.stderr
+  assert '--config.greeting=hey: must be one of hello, hi' in bad.stderr
+  assert not (tmp_path / 'bad').exists()
+  # The same checks in process (what the command line calls): shared rule, data, module.
+  sys.path.insert(0, str(tmp_path))
+  try:
+    for field, value, says in [('num_epochs', 0, '--config.num_epochs=0: must be an int >= 1.'),
+                               ('data_dir', 'missing', 'no toy data there'),
+                               ('study', 'toy_pkg_geoparam.nope',
+                                'no study module toy_pkg_geoparam.nope')]:
+      toy = main_lib._load_config(str(config))
+      toy[field] = value
+      with pytest.raises(validate.ConfigError, match=re.escape(says)):
+        main_lib.check(toy, str(tmp_path / 'bad'))
+  finally:
+    sys.path.remove(str(tmp_path))
+  assert not (tmp_path / 'bad').exists()
 
 
 def test_nothing_under_experiments_imports_main_or_lists_the_studies():
@@ -261,26 +272,23 @@ def test_a_finished_run_is_not_overwritten_without_overwrite(tmp_path):
   workdir = tmp_path / 'levy'
   workdir.mkdir()
   (workdir / 'config.json').write_text(json.dumps({'study': 'levy_1d'}))
-  ok = run_main([LEVY, f'--workdir={workdir}', '--dry_run'])  # no results.json yet
-  assert ok.returncode == 0, ok.stderr[-2000:]
+  levy = main_lib._load_config(os.path.join(ROOT, LEVY.split('=', 1)[1]))
+  main_lib.check(levy, str(workdir))  # no results.json yet: an unfinished run, accepted
   (workdir / 'results.json').write_text('{}')
   assert_refused(run_main([LEVY, f'--workdir={workdir}', '--dry_run']),
                  'holds the finished results of a levy_1d run (results.json); pick a new '
                  'directory, or pass --overwrite to replace them.')
-  ok = run_main([LEVY, f'--workdir={workdir}', '--overwrite', '--dry_run'])
-  assert ok.returncode == 0, ok.stderr[-2000:]
   with pytest.raises(validate.ConfigError, match='--overwrite'):
-    main_lib.check(main_lib._load_config(os.path.join(ROOT, LEVY.split('=', 1)[1])),
-                   str(workdir))
+    main_lib.check(levy, str(workdir))
+  main_lib.check(levy, str(workdir), overwrite=True)  # what --overwrite passes
   (workdir / 'results.json').write_text(json.dumps({'status': 'preempted'}))  # the trainer's
   validate.check_workdir(str(workdir), 'levy_1d')  # an unfinished run resumes
 
 
 def test_help_lists_the_configs_and_a_configs_fields_and_exits_0():
-  plain = run_main(['--help'])
-  assert plain.returncode == 0 and plain.stderr == '', plain.stderr[-2000:]
-  assert 'levy_1d ' in plain.stdout and 'cifar10_cnn ' in plain.stdout
-  assert '--dry_run' in plain.stdout and '--overwrite' in plain.stdout
-  fields = run_main([LEVY, '--help'])
-  assert fields.returncode == 0
-  assert "--config.study='levy_1d'" in fields.stdout and '--config.num_seeds=' in fields.stdout
+  shown = run_main([LEVY, '--help'])
+  assert shown.returncode == 0 and shown.stderr == '', shown.stderr[-2000:]
+  assert 'levy_1d ' in shown.stdout and 'cifar10_cnn ' in shown.stdout  # the configs
+  assert '--dry_run' in shown.stdout and '--overwrite' in shown.stdout
+  assert "--config.study='levy_1d'" in shown.stdout and '--config.num_seeds=' in shown.stdout
+  assert 'Add --config=<file> to --help' in main_lib.usage(['experiments.main', '--help'])
