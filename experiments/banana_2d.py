@@ -196,7 +196,7 @@ def plot(runs, chosen, data, workdir) -> list[str]:
         outside += int(np.any(np.abs(path[:, i]) > lim))
       plotting.square(ax, lim)
       note = f', {outside} leave the frame' if outside else ''
-      ax.set_title(f'{m.upper()}, lr {lr:g}: {steps - 1} steps{note}', fontsize=9)
+      ax.set_title(f'{plotting.method_label(m)}, lr {lr:g}: {steps - 1} steps{note}', fontsize=9)
       ax.set_xlabel('$x_1$', fontsize=8)
       ax.set_ylabel('$x_2$', fontsize=8)
       ax.tick_params(labelsize=7)
@@ -212,7 +212,7 @@ def plot(runs, chosen, data, workdir) -> list[str]:
         continue
       worst = report.max_over_members(runs[lr][m]['max_dtheta_deg'])
       ax.plot(np.arange(1, worst.size + 1), np.maximum(worst, 1e-6), lw=0.6, color=f'C{k}',
-              label=f'{m.upper()} (max {np.nanmax(worst):.1f})')
+              label=f'{plotting.method_label(m)} (max {np.nanmax(worst):.1f})')
     ax.axhline(180, color='k', lw=0.8, ls=':')
     ax.set_yscale('log')
     ax.set_ylim(1e-4, 400)
@@ -242,7 +242,7 @@ def plot(runs, chosen, data, workdir) -> list[str]:
     phi = r['final_phi'][0]
     ax.plot(phi[:, 0], phi[:, 1], '*', color='red', ms=13, mec='k', mew=0.7)
     plotting.square(ax, lim)
-    ax.set_title(f'{m.upper()} (lr {r["lr"]:g}), seed 0: test accuracy {r["test_acc"][0]:.3f}\n'
+    ax.set_title(f'{plotting.method_label(m)} (lr {r["lr"]:g}), seed 0: test accuracy {r["test_acc"][0]:.3f}\n'
                  f'all {n} seeds: {report.format_mean_se(r["test_acc"], 3)}', fontsize=9)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')

@@ -160,7 +160,7 @@ def plot(results, config, num_train: int, workdir: str) -> list[str]:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-  protocol.plot_epoch_curves(axes, {m.upper(): r for m, r in results.items()})
+  protocol.plot_epoch_curves(axes, {plotting.method_label(m): r for m, r in results.items()})
   axes[1].legend(fontsize=8, loc='center left', bbox_to_anchor=(1.02, 0.5))
   return [plotting.save(fig, workdir, 'curves.png', title=(
       f'Deep sigmoid MLP ({config.depth} x {config.width}) on CIFAR-10, {num_train} '

@@ -124,7 +124,7 @@ def plot(changes, eps_values, workdir, unit: int = 0, title: str = ''):
     for k in METHODS:
       c = changes[k][eps]
       boundary(c['phi_after'][unit], c['u_after'][unit], colors[k], 1.6, '--',
-               f'{k.upper()}: {c["angle_deg"][unit]:.2f} deg', '--' if k == 'wn' else '-')
+               f'{plotting.method_label(k)}: {c["angle_deg"][unit]:.2f} deg', '--' if k == 'wn' else '-')
     ax.plot(0, 0, 'ko', ms=5)
     plotting.square(ax, lim)
     ax.set_title(rf'$\epsilon$ = {eps:g}', fontsize=11)

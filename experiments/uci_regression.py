@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import models, report, uci_data
+from experiments import models, plotting, report, uci_data
 from experiments import protocol as protocol_lib
 from experiments.configs import common, validate
 
@@ -182,7 +182,7 @@ def make_table(records: list[dict[str, Any]], datasets, methods, protocol: str) 
                 if paper_methods and all(d in PAPER_TABLE3[m] for m in paper_methods)}
   rows = []
   for m in methods:
-    name = 'GmP' if m == 'gmp' else m.upper()
+    name = plotting.method_label(m)
     rows.append([name] + [report.bold(report.format_pair(*ours[d][m], 3), best_ours[d] == m)
                           for d in datasets])
     if m in PAPER_TABLE3:
