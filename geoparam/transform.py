@@ -258,12 +258,22 @@ def _check_imn_mode(rp: Reparameterized, frozen: bool, modes) -> None:
 _CANDIDATES = (nn.BatchNorm,) + wrappers.LAYER_TYPES + wrappers.UNSUPPORTED_TYPES
 
 
+_WHY_UNSUPPORTED = {
+    'Einsum': 'its kernel has no fixed split into fan-in and output units',
+    'ConvLocal': 'it has one kernel per output position, not one per unit',
+    'ConvTranspose': 'a unit\'s weights are spread over the output positions (IMN\'s exact '
+                     'fold and the conversion assume a conv\'s windows)',
+}
+
+
 def unsupported(kind: str, path, framework: str = 'nn') -> ValueError:
-  """The error for a selected layer the transforms cannot reparameterize (Einsum, ConvLocal)."""
+  """The error for a selected layer the transforms cannot reparameterize (Einsum, ConvLocal,
+  ConvTranspose)."""
   name = '/'.join(str(p) for p in path) or '<root>'
+  why = _WHY_UNSUPPORTED.get(kind, 'it is not a Dense/Conv/DenseGeneral layer')
   return ValueError(
-      f'layer {name!r} is an {framework}.{kind}, which geoparam cannot reparameterize (its '
-      'kernel has no fixed split into fan-in and output units), and the selection picks it. '
+      f'layer {name!r} is an {framework}.{kind}, which geoparam cannot reparameterize ({why}), '
+      'and the selection picks it. '
       f'Keep it plain: exclude=[{str(path[-1]) if path else name!r}] (or its \'/\'-joined '
       'path), or a where= that leaves it out.')
 

@@ -66,8 +66,9 @@ LAYER_TYPES = (nn.Dense, nn.Conv, nn.DenseGeneral)
 
 # Kernel layers the whole-model transform refuses when its selection picks them (rather than
 # leave them plain in silence): an einsum's kernel has no fixed fan-in/features split, a
-# locally connected conv one kernel per output position.
-UNSUPPORTED_TYPES = (nn.Einsum, nn.ConvLocal)
+# locally connected conv one kernel per output position, a transposed conv spreads a unit's
+# weights over the output positions.
+UNSUPPORTED_TYPES = (nn.Einsum, nn.ConvLocal, nn.ConvTranspose)
 
 
 # ----------------------------------------------------------------------------- the layer

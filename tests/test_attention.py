@@ -263,8 +263,16 @@ class WithConvLocal(nn.Module):
     return nn.Dense(3, name='head')(x)
 
 
+class WithConvTranspose(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.ConvTranspose(4, (3,), name='up')(x)
+    return nn.Dense(3, name='head')(x)
+
+
 @pytest.mark.parametrize('model,name,kind', [(WithEinsum(), 'mix', 'nn.Einsum'),
-                                             (WithConvLocal(), 'local', 'nn.ConvLocal')])
+                                             (WithConvLocal(), 'local', 'nn.ConvLocal'),
+                                             (WithConvTranspose(), 'up', 'nn.ConvTranspose')])
 def test_selected_einsum_and_conv_local_are_refused_by_name(model, name, kind):
   x = jnp.ones((2, 5, 6))
   sp = model.init(jax.random.key(0), x)
@@ -296,6 +304,10 @@ def test_nnx_einsum_is_refused_by_name_before_any_change():
   model = Model(nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"'mix' is an nnx.Einsum.*exclude=\['mix'\]"):
     gnnx.reparameterize(model, 'gmp')
+  transposed = nnx.Sequential(nnx.ConvTranspose(3, 4, (3,), rngs=nnx.Rngs(0)),
+                              nnx.Linear(4, 2, rngs=nnx.Rngs(1)))
+  with pytest.raises(ValueError, match=r"'layers/0' is an nnx.ConvTranspose"):
+    gnnx.reparameterize(transposed, 'gmp')
   assert isinstance(model.head, nnx.Linear)  # nothing changed
   gnnx.reparameterize(model, 'gmp', exclude=['mix'])
   assert isinstance(model.head, gnnx.Reparam) and isinstance(model.mix, nnx.Einsum)

@@ -61,7 +61,7 @@ LAYER_TYPES = (nnx.Linear, nnx.Conv, nnx.LinearGeneral)
 
 # Kernel layers `geoparam.nnx.reparameterize` refuses when its selection picks them (as the
 # linen transform's `wrappers.UNSUPPORTED_TYPES`).
-UNSUPPORTED_TYPES = (nnx.Einsum,)
+UNSUPPORTED_TYPES = (nnx.Einsum, nnx.ConvTranspose)
 
 
 # ----------------------------------------------------------------------------- running the layer
