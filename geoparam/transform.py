@@ -24,8 +24,9 @@
 q/k/v/out projections) replaced by the method's wrapper (`geoparam.wrappers`),
 its variables created at the layer's own path, so the variable tree keeps the
 model's names; `drop_batchnorm=True` makes the model's `nn.BatchNorm` layers the
-identity (the paper's ResNet-50 with GmP+IMN). A selected `nn.Einsum` or
-`nn.ConvLocal` is an error naming it (exclude it to keep it plain).
+identity (the paper's ResNet-50 with GmP+IMN). A selected `nn.Einsum`,
+`nn.ConvLocal` or `nn.ConvTranspose` is an error naming it (exclude it to keep
+it plain).
 `to_reparameterized` converts a trained plain model's variables (BatchNorm
 folded into the layer before it when dropped) and `bake` converts back.
 
@@ -592,13 +593,8 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
     sp = _get(variables['params'], path)
     kernel = meta.unbox(sp['kernel'])
     bias = meta.unbox(sp['bias']) if 'bias' in sp else None
-    fold = folds.get(path)
-    stack = _stacked(jnp.shape(kernel), call, path)
-    stored, mean = _stack([
-        convert_layer(method, call.layer, kernel[i], None if bias is None else bias[i],
-                      call.inputs, _slice_path(path, i, stack),
-                      None if fold is None else (fold[0][i], fold[1][i]))
-        for i in np.ndindex(stack)], stack)
+    stored, mean = convert_layer(method, call.layer, kernel, bias, call.inputs, path,
+                                 folds.get(path), _stacked(jnp.shape(kernel), call, path))
     _put(new['params'], path, stored)
     if mean is not None:
       _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
@@ -630,18 +626,8 @@ def _slice_path(path, index, stack):
   return path[:-1] + (f'{path[-1]}[{",".join(str(i) for i in index)}]',)
 
 
-def _stack(pieces, stack):
-  """`(stored, mean)` of the stacked layers from their `(stored, mean)` in `np.ndindex` order."""
-  if not stack:
-    return pieces[0]
-  join = lambda *xs: jnp.stack(xs).reshape(stack + jnp.shape(xs[0]))
-  stored = jax.tree.map(join, *[p[0] for p in pieces])
-  mean = None if pieces[0][1] is None else join(*[p[1] for p in pieces])
-  return stored, mean
-
-
 def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs, path=(),
-                  fold=None):
+                  fold=None, stack: tuple[int, ...] = ()):
   """One trained layer's `(kernel, bias)` as `method`'s variables, exactly (float64 inside).
 
   Args:
@@ -651,12 +637,28 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
     inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
     path: for error messages.
     fold: optional `(s, t)` of a following BatchNorm folded in (`bn_affine`).
+    stack: the leading axes of a layer stacked by a lifted transform (`nn.scan`,
+      `nnx.vmap`): `kernel`, `bias`, `fold` and what comes back carry them in front,
+      and each layer of the stack is converted on its own (errors name it, `up[2]`).
 
   Returns:
     `(stored, mean)`: the params `{name: array}` in the kernel's dtype, and IMN's
     running mean `(fan_in_part,)` (None without IMN).
   """
   method = methods.get(method)
+  pieces = [_convert_one(method, layer, kernel[i], None if bias is None else bias[i], inputs,
+                         _slice_path(path, i, stack),
+                         None if fold is None else (fold[0][i], fold[1][i]))
+            for i in np.ndindex(stack)]
+  if not stack:
+    return pieces[0]
+  join = lambda *xs: jnp.stack(xs).reshape(stack + jnp.shape(xs[0]))
+  mean = None if pieces[0][1] is None else join(*[p[1] for p in pieces])
+  return jax.tree.map(join, *[p[0] for p in pieces]), mean
+
+
+def _convert_one(method, layer, kernel, bias, inputs, path, fold):
+  """`convert_layer` of one layer."""
   dtype = jnp.asarray(kernel).dtype
   kernel = np.asarray(kernel, np.float64)
   features = wrappers.feature_shape(layer)
@@ -690,16 +692,29 @@ def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs
   return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
 
 
-def plain_layer(method, layer, stored, kernel_shape, mean, path=(), approximate_borders=False):
+def plain_layer(method, layer, stored, kernel_shape, mean, path=(), approximate_borders=False,
+                stack: tuple[int, ...] = ()):
   """`(kernel, bias)` numpy float64 of the plain layer from `method`'s stored variables.
 
   `kernel_shape`: the layer's own (`(*contracted, *features)`); the kernel and bias
   come back in the layer's layout. `mean`: IMN's running mean (None without IMN);
-  see `bake` for `approximate_borders`.
+  see `bake` for `approximate_borders`. `stack`: as in `convert_layer` (`stored`,
+  `mean` and the result carry these leading axes; `kernel_shape` is one layer's).
   """
   method = methods.get(method)
+  pieces = [_plain_one(method, layer, {k: meta.unbox(v)[i] for k, v in stored.items()},
+                       kernel_shape, None if mean is None else mean[i],
+                       _slice_path(path, i, stack), approximate_borders)
+            for i in np.ndindex(stack)]
+  kernel, bias = (np.stack([p[j] for p in pieces]).reshape(stack + np.shape(pieces[0][j]))
+                  for j in (0, 1))
+  return kernel, bias
+
+
+def _plain_one(method, layer, stored, kernel_shape, mean, path, approximate_borders):
+  """`plain_layer` of one layer."""
   shape = wrappers.method_shape(layer, kernel_shape)
-  kernel, bias = method.bake({k: meta.unbox(v) for k, v in stored.items()}, shape)
+  kernel, bias = method.bake(stored, shape)
   kernel = np.asarray(kernel, np.float64).reshape(shape)
   bias = np.zeros(shape[-1]) if bias is None else np.asarray(bias, np.float64)
   if mean is not None and np.any(mean != 0):
@@ -751,12 +766,8 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
             f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
       mean = np.asarray(mean, np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
-    pieces = [plain_layer(method, layer, {k: meta.unbox(v)[i] for k, v in stored.items()},
-                          kernel_shape, None if mean is None else mean[i],
-                          _slice_path(path, i, stack), approximate_borders)
-              for i in np.ndindex(stack)]
-    kernel = np.stack([p[0] for p in pieces]).reshape(stack + kernel_shape)
-    bias = np.stack([p[1] for p in pieces]).reshape(stack + np.shape(pieces[0][1]))
+    kernel, bias = plain_layer(method, layer, stored, kernel_shape, mean, path,
+                               approximate_borders, stack)
     dtype = _get(shapes['params'], path)['kernel'].dtype
     plain = {'kernel': jnp.asarray(kernel, dtype)}
     if getattr(layer, 'use_bias', True):

@@ -1,10 +1,11 @@
 """GmP, geometric parameterization (paper 002 eq. 15): `kernel = scale * u(theta)`, `bias = scale * lam`.
 
 Stored: `theta (fan_in - 1, F)`, `lam (F,)`, `scale (F,)`, and at fan-in 1 a
-fixed `sign (F,)`. A layer with `use_bias=False` gets no `lam`: a bias-free layer
-(a conv before a BatchNorm) stays bias-free, so nothing (Adam's update of a ~0
-gradient, weight decay) can grow a bias that `bake` could not put back (the direction of one input is a sign: it gets no gradient and
-only its sign is used, so weight decay cannot flip it). `u(theta)` is the unit
+fixed `sign (F,)` (the direction of one input is a sign: it gets no gradient and
+only its sign is used, so weight decay cannot flip it). A layer with
+`use_bias=False` gets no `lam`: a bias-free layer (a conv before a BatchNorm)
+stays bias-free, so nothing (Adam's update of a ~0 gradient, weight decay) can
+grow a bias that `bake` could not put back. `u(theta)` is the unit
 vector of eq. (10), evaluated in float32 at least (bf16 angles evaluated in bf16
 give column norms ~1.6 at fan-in 4608).
 

@@ -429,16 +429,12 @@ class Reparam(_Reparameterized):
     mean = None
     if self.method.imn is not None:
       mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
-    stack, params = self.stack, self.params()
-    pieces = [transform.plain_layer(self.method, self.layer, {k: v[i] for k, v in params.items()},
-                                    self.kernel_shape, None if mean is None else mean[i],
-                                    transform._slice_path(path, i, stack), approximate_borders)
-              for i in np.ndindex(stack)]
-    kernel = np.stack([p[0] for p in pieces]).reshape(stack + np.shape(pieces[0][0]))
-    bias = np.stack([p[1] for p in pieces]).reshape(stack + np.shape(pieces[0][1]))
+    kernel, bias = transform.plain_layer(self.method, self.layer, self.params(),
+                                         self.kernel_shape, mean, path, approximate_borders,
+                                         self.stack)
     plain = nnx.clone(self.layer)
     plain.kernel = _param(jnp.asarray(kernel, self.kernel_dtype),
-                          None if stack else self.kernel_names)
+                          None if self.stack else self.kernel_names)
     if plain.use_bias:
       plain.bias = nnx.Param(jnp.asarray(bias, self.kernel_dtype))
     elif np.any(bias != 0) and not carry_bias:

@@ -156,7 +156,8 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
   layer's current weights converted exactly, so the model's evaluation outputs
   do not change (float rounding aside). LinearGeneral layers with several output
   axes (`nnx.MultiHeadAttention`'s q/k/v/out) are converted like the others (a
-  unit is one output). A selected `nnx.Einsum` raises, naming it, before any change.
+  unit is one output). A selected `nnx.Einsum` or `nnx.ConvTranspose` raises, naming it,
+  before any change.
 
   Args:
     model: any NNX module (changed in place and returned).
@@ -241,13 +242,9 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     inputs = calls[path][0] if path in calls else modules.example_input(layer)
     kernel = layer.kernel[...]
     bias = layer.bias[...] if layer.use_bias else None
-    fold = folds.get(path)
     stack = stacked[path]
-    stored, mean = transform._stack([  # one conversion per layer of a stack
-        transform.convert_layer(method, layer, kernel[i], None if bias is None else bias[i],
-                                inputs, transform._slice_path(path, i, stack),
-                                None if fold is None else (fold[0][i], fold[1][i]))
-        for i in np.ndindex(stack)], stack)
+    stored, mean = transform.convert_layer(method, layer, kernel, bias, inputs, path,
+                                           folds.get(path), stack)
     if stack:
       wrapper = modules.stacked_reparam(layer, method, stack, stored, mean,
                                         use_running_average=use_running_average)
