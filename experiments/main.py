@@ -221,7 +221,6 @@ def run(config, workdir: str):
   return module.run(config, workdir)
 
 
-
 def run_study(study: str, workdir: str, arg: str | None = None, *, overwrite: bool = False,
               **fields):
   """Runs a study from Python exactly as the command line does, and returns what it returns.

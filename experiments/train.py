@@ -647,29 +647,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       summary['best'] = evaluate(trainer, best, eval_loader, mesh, eval_batches)
   ckpts.close()
   if main:
-    _report(workdir, summary, config, t_start)
+    _report(workdir, summary, config)
   summary['state'] = state  # the last state (not in results.json)
   summary['best_state'] = best  # restored best checkpoint, or None
   return summary
 
 
-def _report(workdir, summary, config, t_start) -> None:
+def _report(workdir, summary, config) -> None:
   """results.json/csv/md through `report.write`, as every study writes them: the summary, one
   row per evaluated state (last, best) and their table. A preempted run's `status` says it
   is not finished (so the workdir is resumed, not refused as a finished run's)."""
   rows = [{'state': name, 'epoch': summary['best_epoch'] if name == 'best' else summary['epochs'],
            **summary[name]} for name in ('last', 'best') if name in summary]
   keys = sorted({k for r in rows for k in r} - {'state', 'epoch'})
-  table = '\n'.join([f'| state | epoch | {" | ".join(keys)} |',
-                     '|' + ' --- |' * (len(keys) + 2)] +
-                    [f'| {r["state"]} | {r["epoch"]} | ' +
-                     ' | '.join(f'{r.get(k, float("nan")):.4f}' for k in keys) + ' |'
-                     for r in rows])
+  table = report.markdown_table(
+      ['state', 'epoch', *keys],
+      [[r['state'], r['epoch']] + [f'{r.get(k, float("nan")):.4f}' for k in keys] for r in rows])
   if not rows:
     table = f'status {summary["status"]} after {summary["steps"]} steps: no final evaluation.'
   report.write(workdir, 'train', summary=summary, rows=rows, table=table, claims={},
-               config=config)
-  del t_start  # the summary's wall_time_s is the trainer's own
+               config=config)  # no `started`: the summary's wall_time_s is the trainer's own
 
 
 def _fail(workdir, writer, main, epoch, step, loss):
