@@ -6,7 +6,7 @@ r"""Host cost per image of the ImageNet input pipeline, on generated JPEGs (no d
 `--images` JPEGs of `--size` (ImageNet's typical 500x375; smooth random shapes plus noise, so
 they compress like photographs, ~60-100 KB each) are generated in memory with PIL. Timed:
 
-- `train`: `experiments.input_pipeline`'s train transform of `config.augment='imagenet'`
+- `train`: `experiments.vision.input_pipeline`'s train transform of `config.augment='imagenet'`
   (decode, random-resized crop at 224, flip; with `--source=arrays` the decode happens in the
   source, as for the CIFAR archive's in-memory arrays, and is still inside the timing);
 - `eval`: the eval transform (decode, shorter side to 256, centre crop 224).
@@ -36,7 +36,7 @@ from absl import flags
 import ml_collections
 import numpy as np
 
-from experiments import input_pipeline
+from experiments.vision import input_pipeline
 
 FLAGS = flags.FLAGS
 SOURCES = ('bytes', 'arrays')

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import vision_models
+from experiments.vision import models as vision_models
 
 FLAGS = flags.FLAGS
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}

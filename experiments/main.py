@@ -7,9 +7,9 @@ r"""Runs a study from a config file and a workdir: `python -m experiments.main`.
       --workdir=/tmp/cifar10_smoke
 
 A study is one module and one config: `config.study` names the module
-(`'levy_1d'` is `experiments.levy_1d`; a dotted name such as
+(`'levy_1d'` is `experiments.studies.levy_1d`; a dotted name such as
 `'mypackage.my_study'` any importable module; a config without the field runs
-the vision trainer, `experiments.train`), which has `run(config, workdir)`, and
+the vision trainer, `experiments.vision.train`), which has `run(config, workdir)`, and
 may have `CONFIG_RULES` (checks of its own fields, before the shared
 `experiments.configs.validate.RULES`) and `check_data(config)`. Every field, the
 `--config.x=` overrides included, the study's data (unless `download`) and the
@@ -176,12 +176,14 @@ def write_config(config, workdir: str) -> None:
 
 
 def study_module(config):
-  """The module of `config.study` (`experiments.<study>`, or a dotted module path), with `run`.
+  """The module of `config.study` (`experiments.studies.<study>`; `'train'`, the default, is the
+  vision trainer `experiments.vision.train`; or a dotted module path), with `run`.
 
   Raises `validate.ConfigError` naming the field when it cannot be imported or has no `run`.
   """
   study = config.get('study', 'train')
-  name = study if '.' in study else f'experiments.{study}'
+  name = (study if '.' in study else
+          'experiments.vision.train' if study == 'train' else f'experiments.studies.{study}')
   try:
     module = importlib.import_module(name)
   except ImportError as e:
@@ -212,7 +214,7 @@ def run(config, workdir: str):
   """Runs the study of `config` (already checked) in `workdir`."""
   module = study_module(config)
   if FLAGS.is_parsed():  # several hosts: the same command on each (a no-op for one process)
-    from experiments import sharding  # pylint: disable=g-import-not-at-top
+    from experiments.vision import sharding  # pylint: disable=g-import-not-at-top
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                     FLAGS.process_id, auto=FLAGS.distributed_auto)
   import jax  # pylint: disable=g-import-not-at-top

@@ -38,7 +38,7 @@ BN and MBN are folded into an effective affine map with the statistics in
 `batch_stats` (running statistics: the evaluation-mode function). To analyse
 the training-mode function, pass the batch's statistics instead (see
 `batch_statistics`). Where a model keeps a layer's variables is the model's
-business: `experiments.models.layer_variables` assembles these dicts from the
+business: `experiments.lib.models.layer_variables` assembles these dicts from the
 studies' models.
 
 Conventions:

@@ -12,7 +12,7 @@ import geoparam
 from geoparam import analysis
 from geoparam import convert
 from geoparam import hyperspherical
-from experiments import models
+from experiments.lib import models
 
 
 def _mlp_variables(method, fan_in, features, seed=0, x=None):

@@ -1,5 +1,5 @@
 """The Banana study: data protocol, the smoke config through experiments.main (its table equal
-to the one the study gave before it moved onto experiments.protocol), a tiny run, the command line."""
+to the one the study gave before it moved onto experiments.lib.protocol), a tiny run, the command line."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import banana_2d
+from experiments.studies import banana_2d
 from experiments import main
-from experiments import models
+from experiments.lib import models
 from geoparam import analysis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,8 +81,8 @@ def test_tiny_run_end_to_end(tmp_path):
 
 
 # `results.md` of the `:smoke` config (150 epochs, 2 seeds, patience 10/20, both rates, float64),
-# produced by the study before it moved onto experiments.protocol (commit 50c0029,
-# `python -m experiments.banana_2d --workdir=/tmp/banana_old --epochs=150 --num_seeds=2
+# produced by the study before it moved onto experiments.lib.protocol (commit 50c0029,
+# `python -m experiments.studies.banana_2d --workdir=/tmp/banana_old --epochs=150 --num_seeds=2
 # --plateau_patience=10 --stop_patience=20`, 2026-11-24). The port must give it to the printed
 # digits.
 EXPECTED_SMOKE_TABLE = """\

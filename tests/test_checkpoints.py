@@ -29,7 +29,7 @@ def _config(data_dir, num_epochs):
 
 def _worker(tmp):
   import jax
-  from experiments import input_pipeline, sharding, train
+  from experiments.vision import input_pipeline, sharding, train
   data = os.path.join(tmp, 'data')
   input_pipeline.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
                                          test_per_class=4, size=8)
@@ -114,7 +114,7 @@ def test_old_checkpoint_layout_restores_and_the_data_iterator_resumes(tmp_path):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-  from experiments import checkpoints  # pylint: disable=g-import-not-at-top
+  from experiments.vision import checkpoints  # pylint: disable=g-import-not-at-top
 
   state = {'w': jnp.arange(3.0)}
   abstract = {'w': jax_shape(state['w'])}

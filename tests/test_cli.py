@@ -157,7 +157,7 @@ def test_every_config_field_has_a_rule_and_the_defaults_pass(config_arg):
 
 def test_rules_refuse_what_they_should():
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments.vision import train  # pylint: disable=g-import-not-at-top
   good = dict(learning_rate=0.1, batch_size=8, stop_patience=0, plateau_factor=0.5,
               layers=(16, 'M', 32), methods='sp,gmp', lr_gmp=0.1)
   check = lambda c: validate.check_config(c, train.CONFIG_RULES)  # layers: the trainer's field

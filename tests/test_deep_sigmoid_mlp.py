@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import deep_sigmoid_mlp as dsm
-from experiments import input_pipeline
+from experiments.studies import deep_sigmoid_mlp as dsm
+from experiments.vision import input_pipeline
 from experiments import main
-from experiments import models
+from experiments.lib import models
 from experiments.configs import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def test_bad_settings_are_refused_before_any_work(fake_data_dir, tmp_path, monke
 
 
 def test_the_cli_refuses_an_old_method_name_with_one_line(tmp_path):
-  """`python -m experiments.deep_sigmoid_mlp` is experiments.main with this study's config."""
+  """`python -m experiments.studies.deep_sigmoid_mlp` is experiments.main with this study's config."""
   proc = subprocess.run(
       [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/deep_sigmoid_mlp.py',
        f'--workdir={tmp_path / "w"}',

@@ -10,8 +10,8 @@ import geoparam
 
 MODULES = sorted(
     ['geoparam'] + [m.name for m in pkgutil.walk_packages(geoparam.__path__, 'geoparam.')]
-    + ['experiments.vision_models', 'experiments.protocol', 'experiments.configs.validate',
-       'experiments.report'])
+    + ['experiments.vision.models', 'experiments.lib.protocol', 'experiments.configs.validate',
+       'experiments.lib.report'])
 
 
 def test_every_subpackage_is_collected():

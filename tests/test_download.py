@@ -1,4 +1,4 @@
-"""Fetching data files (experiments.download and the loaders' `download=True`).
+"""Fetching data files (experiments.data.download and the loaders' `download=True`).
 
 Every fetch goes to an HTTP server on 127.0.0.1 (port 0) started here, serving
 the shared data folder as the mirror `<server>/data/<path>`, and the same files
@@ -23,8 +23,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from experiments import banana_2d, download, uci_data
-from experiments import input_pipeline as ip
+from experiments.studies import banana_2d
+from experiments.data import download, uci_data
+from experiments.vision import input_pipeline as ip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from experiments import banana_2d, download, uci_data
+from experiments.studies import banana_2d
+from experiments.data import download, uci_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR', os.path.join(ROOT, '..', 'shared', 'data'))
@@ -124,7 +125,7 @@ def test_ragged_banana_names_file_and_line(tmp_path):
     ('At1,At2,Class\n\n', 'no data rows after the header At1,At2,Class.'),
 ])
 def test_banana_parse_is_a_check(tmp_path, text, problem):
-  from experiments import banana_data
+  from experiments.data import banana_data
   path = tmp_path / 'banana.csv'
   path.write_text(text)
   with pytest.raises(ValueError) as e:
@@ -133,7 +134,7 @@ def test_banana_parse_is_a_check(tmp_path, text, problem):
 
 
 def test_banana_parse_reads_the_reference_file_and_crlf(tmp_path):
-  from experiments import banana_data
+  from experiments.data import banana_data
   path = tmp_path / 'banana.csv'
   path.write_bytes(b'At1,At2,Class\r\n1.5,-2,-1\r\n0.25,3,1\r\n')
   x, y = banana_data.parse(str(path))
@@ -182,7 +183,7 @@ def test_a_ragged_data_file_is_refused_before_the_workdir(tmp_path, config, file
 # 4. The resume line counts epochs from 1, as the progress lines do.
 
 def test_resume_message_counts_epochs_as_the_progress_lines():
-  from experiments import train
+  from experiments.vision import train
   assert train.resume_message(390, 1, 390, 10) == (
       'resumed from step 390: after epoch 1/10, continuing with epoch 2/10 at step 0/390')
   assert train.resume_message(500, 1, 390, 10) == (
@@ -193,8 +194,8 @@ def test_resume_message_counts_epochs_as_the_progress_lines():
       'resumed from step 3900: after epoch 10/10, the last one')
 
 
-@pytest.mark.parametrize('name', ['experiments.train', 'experiments.uci_data',
-                                  'experiments.plotting', 'experiments.banana_data'])
+@pytest.mark.parametrize('name', ['experiments.vision.train', 'experiments.data.uci_data',
+                                  'experiments.lib.plotting', 'experiments.data.banana_data'])
 def test_docstring_examples_run(name):
   module = importlib.import_module(name)
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -227,7 +228,7 @@ def _levy_results(bn_floor):
 
 
 def _capture_figures(monkeypatch):
-  from experiments import plotting
+  from experiments.lib import plotting
   figures = {}
   save = plotting.save
 
@@ -246,7 +247,7 @@ def _capture_figures(monkeypatch):
 
 def test_levy_figures_spell_gmp_keep_curves_inside_and_explain_counts(tmp_path, monkeypatch):
   import numpy as np
-  from experiments import levy_1d
+  from experiments.studies import levy_1d
   figures = _capture_figures(monkeypatch)
   results, data = _levy_results(2.0 ** -44.5)
   levy_1d.plot(results, data, str(tmp_path))
@@ -275,7 +276,7 @@ def test_levy_boundary_change_draws_tiny_changes_on_the_bottom_edge(tmp_path, mo
   """Changes below 2^-60 (float64 resolution) are drawn at -60; exact zeros at the default
   bottom, -30; the axis ends one unit below."""
   import numpy as np
-  from experiments import levy_1d
+  from experiments.studies import levy_1d
   figures = _capture_figures(monkeypatch)
   results, data = _levy_results(bn_floor)
   levy_1d.plot(results, data, str(tmp_path))

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import he_init_depth as hid
+from experiments.studies import he_init_depth as hid
 from experiments import main
 from experiments.configs import validate
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments import input_pipeline as ip
-from experiments import train
+from experiments.vision import input_pipeline as ip
+from experiments.vision import train
 from experiments.configs import cifar10_cnn
 from experiments.configs import validate
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import mock_tfds
 from conftest import tfds_record
-from experiments import input_pipeline as ip
+from experiments.vision import input_pipeline as ip
 
 
 @pytest.fixture

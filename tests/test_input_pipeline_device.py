@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from experiments import input_pipeline as ip
+from experiments.vision import input_pipeline as ip
 
 _GRAY = np.array([0.299, 0.587, 0.114])
 

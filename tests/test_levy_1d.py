@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import levy_1d
+from experiments.studies import levy_1d
 from experiments import main
-from experiments import models
+from experiments.lib import models
 from experiments.configs import levy_1d as levy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,7 @@ def test_unknown_method_is_a_one_line_error(tmp_path):
 
 
 # `results.md` of the full protocol in float64, produced by the study before it moved onto
-# experiments.protocol (commit 3c9d4df, `python -m experiments.levy_1d --workdir=/tmp/levy_old`,
+# experiments.lib.protocol (commit 3c9d4df, `python -m experiments.studies.levy_1d --workdir=/tmp/levy_old`,
 # 2026-11-24). The port must give it to the printed digits.
 EXPECTED_FLOAT64_TABLE = """\
 | method | test RMSE (mean +- s.e.) | per seed | epochs run | max log2 max|dphi| |

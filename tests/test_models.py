@@ -1,4 +1,4 @@
-"""experiments.models: the table of parameterizations and the layer built from each row."""
+"""experiments.lib.models: the table of parameterizations and the layer built from each row."""
 
 import flax.linen as nn
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import geoparam
-from experiments import models
+from experiments.lib import models
 
 EXPECTED = {  # method -> (module of `name`, extra submodules)
     'sp': ('Dense', ()), 'wn': ('Dense', ('_wn',)), 'wn_mbn': ('Dense', ('_wn', '_mbn')),

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import activation_boundaries
+from experiments.studies import activation_boundaries
 from experiments import main
-from experiments import perturbation_2d
+from experiments.studies import perturbation_2d
 from experiments.configs import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""experiments.plot_curves on synthetic metrics.csv files written the way experiments.train does."""
+"""experiments.vision.plot_curves on synthetic metrics.csv files written the way experiments.vision.train does."""
 
 import csv
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from experiments import plot_curves as pc
+from experiments.vision import plot_curves as pc
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FIELDS = ('epoch', 'step', 'lr', 'train_loss', 'train_top1', 'train_top5', 'eval_loss',
@@ -108,7 +108,7 @@ def test_parse_runs():
 
 
 def test_main_reports_a_missing_run_without_a_traceback(tmp_path):
-  out = subprocess.run([sys.executable, '-m', 'experiments.plot_curves',
+  out = subprocess.run([sys.executable, '-m', 'experiments.vision.plot_curves',
                         f'--runs=A={tmp_path / "gone"}', f'--out={tmp_path / "o"}'],
                        capture_output=True, text=True, cwd=_ROOT)
   assert out.returncode == 1
@@ -116,7 +116,7 @@ def test_main_reports_a_missing_run_without_a_traceback(tmp_path):
 
 
 def test_import_does_not_choose_a_matplotlib_backend():
-  code = ('import sys; import experiments.plot_curves; '
+  code = ('import sys; import experiments.vision.plot_curves; '
           'print("matplotlib" in sys.modules)')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=_ROOT)

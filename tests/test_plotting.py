@@ -1,11 +1,11 @@
-"""experiments.plotting: the figure helpers every study uses."""
+"""experiments.lib.plotting: the figure helpers every study uses."""
 
 import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments import plotting  # noqa: E402
+from experiments.lib import plotting  # noqa: E402
 
 
 def test_save_titles_writes_and_closes(tmp_path):

@@ -1,4 +1,4 @@
-"""experiments.protocol.fit against a plain-Python Keras reference, member by member under vmap.
+"""experiments.lib.protocol.fit against a plain-Python Keras reference, member by member under vmap.
 
 The reference is Keras 2's `ReduceLROnPlateau.on_epoch_end` and
 `EarlyStopping(restore_best_weights=True).on_epoch_end` written out in plain
@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import protocol
+from experiments.lib import protocol
 
 EPOCHS = 40
 STEPS = (3, 1)  # two groups of optimizer steps per epoch: a full part and a remainder

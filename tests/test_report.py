@@ -1,4 +1,4 @@
-"""experiments.report: the files every study writes and the claims' NaN guard."""
+"""experiments.lib.report: the files every study writes and the claims' NaN guard."""
 
 import csv
 import json
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import report
+from experiments.lib import report
 
 
 def test_claim_verdicts_and_nan_guard():

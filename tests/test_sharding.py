@@ -80,7 +80,7 @@ def _spec(x):
 def _run_steps(config, shapes, batches, tmp=None):
   """3 steps from one initial state on each mesh -> host results and sharding facts."""
   import jax
-  from experiments import checkpoints, input_pipeline, sharding, train
+  from experiments.vision import checkpoints, input_pipeline, sharding, train
   results, facts, start = {}, {}, None
   for shape in shapes:
     mesh = sharding.make_mesh(shape)
@@ -106,7 +106,7 @@ def _run_steps(config, shapes, batches, tmp=None):
 
 def _equality_worker(tmp):
   import jax
-  from experiments import sharding, train
+  from experiments.vision import sharding, train
   assert jax.device_count() == 8, jax.devices()
   rng = np.random.default_rng(0)
   batches = [{'image': rng.integers(0, 256, (16, 8, 8, 3), dtype=np.uint8),
@@ -162,7 +162,7 @@ def _imn_shard_map_worker(rng):
   import jax
   from jax.sharding import PartitionSpec as P
   import geoparam
-  from experiments import sharding
+  from experiments.vision import sharding
   mesh = sharding.make_mesh((8,))
   x = (rng.normal(size=(16, 5)) + np.arange(16)[:, None]).astype(np.float32)  # shards differ
   diffs = {}
@@ -181,7 +181,7 @@ def _imn_shard_map_worker(rng):
 
 def _train_worker(workdir, data_dir, cache_dir, port=None, process_id=None, num_processes=None):
   os.environ['GEOPARAM_CACHE_DIR'] = cache_dir
-  from experiments import sharding, train
+  from experiments.vision import sharding, train
   if port is not None:
     sharding.initialize_distributed(f'127.0.0.1:{port}', int(num_processes), int(process_id))
   import jax
@@ -200,7 +200,7 @@ def _train_worker(workdir, data_dir, cache_dir, port=None, process_id=None, num_
 
 
 def test_mesh_and_distributed_argument_errors():
-  from experiments import sharding
+  from experiments.vision import sharding
   with pytest.raises(ValueError, match='mesh_shape'):
     sharding.make_mesh((-1, -1))
   with pytest.raises(ValueError, match='multi-host needs all'):
@@ -247,7 +247,7 @@ def test_feature_axis_rule_metadata_and_optimizer_state():
   import optax
   from jax.sharding import AbstractMesh
   from jax.sharding import PartitionSpec as P
-  from experiments import sharding
+  from experiments.vision import sharding
   mesh, flat = AbstractMesh((4, 2), ('data', 'model')), AbstractMesh((8,), ('data',))
   assert sharding.feature_spec((26, 8), mesh) == P(None, 'model')  # GmP theta: fan-in whole
   assert sharding.feature_spec((3, 3, 8, 16), mesh) == P(None, None, None, 'model')
@@ -280,7 +280,7 @@ def _free_port():
 
 
 def test_two_processes_equal_one(tmp_path):
-  from experiments import input_pipeline
+  from experiments.vision import input_pipeline
   data = str(tmp_path / 'data')
   input_pipeline.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
                                          test_per_class=4, size=8)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import mock_tfds
-from experiments import input_pipeline
-from experiments import train
+from experiments.vision import input_pipeline
+from experiments.vision import train
 from experiments.configs import cifar10_cnn
 from experiments.configs import imagenet32_vgg6
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import train
+from experiments.vision import train
 from experiments.configs import cifar10_cnn
 
 

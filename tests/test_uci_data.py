@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from experiments import uci_data
-from experiments import uci_regression
+from experiments.data import uci_data
+from experiments.studies import uci_regression
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get(uci_data.ENV_VAR) or os.path.join(ROOT, '..', 'shared', 'data')

@@ -12,9 +12,9 @@ import optax
 import pytest
 
 from experiments import main
-from experiments import models
-from experiments import uci_data
-from experiments import uci_regression as ur
+from experiments.lib import models
+from experiments.data import uci_data
+from experiments.studies import uci_regression as ur
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get(uci_data.ENV_VAR) or os.path.join(ROOT, '..', 'shared', 'data')
@@ -121,7 +121,7 @@ def test_masked_early_stopping_equals_a_python_loop():
 
 
 # The `:smoke` config in float64 (yacht, 3 splits, 300 epochs), produced by the study before it
-# moved onto experiments.protocol (commit f999ce3, `python -m experiments.uci_regression
+# moved onto experiments.lib.protocol (commit f999ce3, `python -m experiments.studies.uci_regression
 # --datasets=yacht --num_splits=3 --max_epochs=300 --float64=True --workdir=/tmp/uci_old`,
 # 2026-11-24): the table, and per method the splits' test RMSE (6 digits; compared to 1e-5 relative) and epochs run.
 EXPECTED_SMOKE_TABLE = """\

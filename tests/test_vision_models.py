@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import models
-from experiments import vision_models as vm
+from experiments.lib import models
+from experiments.vision import models as vm
 from geoparam import convert
 
 

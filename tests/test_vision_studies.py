@@ -10,9 +10,9 @@ import pytest
 import geoparam
 from benchmarks import vision_throughput
 from conftest import mock_tfds
-from experiments import input_pipeline
-from experiments import train
-from experiments import vision_models
+from experiments.vision import input_pipeline
+from experiments.vision import train
+from experiments.vision import models as vision_models
 from experiments.configs import cifar10_vgg6
 from experiments.configs import cifar_lcw
 from experiments.configs import imagenet_resnet50

@@ -1,6 +1,6 @@
 r"""Boundaries of one GmP unit in R and R^2, paper 002 appendix A / Fig. 5-6 (`activation_boundaries`).
 
-Panels for the `(lam, theta)` pairs of `experiments.activation_boundaries.CASES_1D`
+Panels for the `(lam, theta)` pairs of `experiments.studies.activation_boundaries.CASES_1D`
 and `CASES_2D`; float64; seconds:
 
   python -m experiments.main --config=experiments/configs/activation_boundaries.py \

@@ -20,8 +20,8 @@ Arguments: `method=NAME`, `width=F` (channel multiplier of VGG-6, default
 the paper's 90-epoch budget), `smoke` (width 1/16, 64 / 32 images, one epoch).
 """
 
-from experiments import models
-from experiments import vision_models
+from experiments.lib import models
+from experiments.vision import models as vision_models
 from experiments.configs import common
 
 

@@ -1,7 +1,7 @@
 r"""CIFAR-10/100, VGG19 or pre-activation ResNet18 with LCW/WN/CWN/SN, paper 003 Table 1 / Fig. 6.
 
 `model=vgg19` (default) or `model=preact_resnet18`; `method` one of
-`experiments.vision_models.CIFAR_PARAMETERIZATIONS` (`bn` is the paper's plain
+`experiments.vision.models.CIFAR_PARAMETERIZATIONS` (`bn` is the paper's plain
 model, `bn_lcw` its "+LCW", `bn_wn`/`bn_cwn`/`bn_sn` WN, CWN and SN with BN as in the
 paper; `sp`/`lcw` are plain and LCW without BN); `dataset=cifar10` (default), `cifar100` (TFDS) or
 `cifar10_jpeg` (the offline archive). SGD momentum 0.9, weight decay 5e-4,
@@ -33,11 +33,11 @@ early-training numbers of one seed, not Table 1's.
 `smoke` (e.g. on the tests' mock TFDS records): 1/16 width (ResNet18: one stage
 of one block), no dropout, 16 train / 8 eval examples, one epoch.
 
-(`config.model` names a model of `experiments.vision_models.create_model`;
-`experiments.train.create_model` must delegate to it for `vgg19`/`preact_resnet18`.)
+(`config.model` names a model of `experiments.vision.models.create_model`;
+`experiments.vision.train.create_model` must delegate to it for `vgg19`/`preact_resnet18`.)
 """
 
-from experiments import vision_models
+from experiments.vision import models as vision_models
 from experiments.configs import common
 
 _DATASETS = ('cifar10', 'cifar100', 'cifar10_jpeg')

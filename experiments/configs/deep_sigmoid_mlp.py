@@ -40,7 +40,7 @@ def get_config(arg=None):
   c.data_dir = config_dict.placeholder(str)  # folder of cifar10-jpeg.tar.gz ($GEOPARAM_DATA_DIR)
   c.cache_dir = config_dict.placeholder(str)  # decoded archive ($GEOPARAM_CACHE_DIR, ~/.cache)
   c.download = False  # no archive in data_dir: fetch the official one (170 MB) into the cache
-  # Comma-separated, among sp, lcw, bn, bn_lcw, wn, cwn, sn, sl (experiments.deep_sigmoid_mlp).
+  # Comma-separated, among sp, lcw, bn, bn_lcw, wn, cwn, sn, sl (experiments.studies.deep_sigmoid_mlp).
   c.methods = 'sp,lcw,bn,bn_lcw'
   c.train_examples = 10000  # a fixed random subset (seed); 0: all 50000
   c.test_examples = 2000  # 0: all 10000

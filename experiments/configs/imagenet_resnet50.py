@@ -1,6 +1,6 @@
 r"""ImageNet (`imagenet2012`), ResNet-50, paper 002 Table 1 (App. C.1).
 
-He et al. (2016) bottleneck ResNet-50 (`experiments.vision_models.ResNet`),
+He et al. (2016) bottleneck ResNet-50 (`experiments.vision.models.ResNet`),
 parameterizations `bn` (default), `wn_mbn`, `gmp_imn` (the paper's three; `sp`,
 `wn`, `gmp` also build). SGD momentum 0.9, batch 256, lr 0.1 for every method
 (the paper's cross-validated choice), LR x0.1 when val top-1 has not improved
@@ -16,11 +16,11 @@ ILSVRC tars in DIR/downloads/manual).
 `smoke` (e.g. on the tests' mock TFDS records): a 1-block, 1/16-width bottleneck
 ResNet on 32x32 crops, 16 train / 8 eval examples, one epoch.
 
-(`config.model` names a model of `experiments.vision_models.create_model`;
-`experiments.train.create_model` must delegate to it for `resnet50`.)
+(`config.model` names a model of `experiments.vision.models.create_model`;
+`experiments.vision.train.create_model` must delegate to it for `resnet50`.)
 """
 
-from experiments import vision_models
+from experiments.vision import models as vision_models
 from experiments.configs import common
 
 

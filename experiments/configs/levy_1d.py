@@ -1,4 +1,4 @@
-r"""1-D Levy regression, paper 002 Sec. 3.5 / Fig. 2: SP, WN, BN and GmP (`experiments.levy_1d`).
+r"""1-D Levy regression, paper 002 Sec. 3.5 / Fig. 2: SP, WN, BN and GmP (`experiments.studies.levy_1d`).
 
 50 noisy points of the Levy function, one hidden layer of 100 ReLU units, Adam
 full batch on the MAE, lr 0.1 for GmP and 0.01 for the others, LR x0.1 after
@@ -26,7 +26,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, smoke=False)
   c = ml_collections.ConfigDict()
   c.study = 'levy_1d'
-  c.methods = 'sp,wn,bn,gmp'  # comma-separated, among experiments.models.METHODS
+  c.methods = 'sp,wn,bn,gmp'  # comma-separated, among experiments.lib.models.METHODS
   c.num_epochs = 10000
   c.seed = 0  # data draw and the first initialization
   c.num_seeds = 5  # initialization seeds, trained together under vmap

@@ -206,12 +206,12 @@ def mlp_examples(train: bool) -> Callable:
 # Accepted names that live in modules importing JAX/flax: looked up only when needed.
 
 def _methods(config=None) -> Sequence[str]:
-  from experiments import models  # pylint: disable=g-import-not-at-top
+  from experiments.lib import models  # pylint: disable=g-import-not-at-top
   return models.METHODS
 
 
 def module_name(v, config):
-  """`config.study`: a study module, `'levy_1d'` (in `experiments`) or a dotted module path;
+  """`config.study`: a study module, `'levy_1d'` (in `experiments.studies`) or a dotted path;
   `experiments.main` imports it (and says so when it cannot)."""
   del config
   if not (isinstance(v, str) and v and all(p.isidentifier() for p in v.split('.'))):
@@ -356,7 +356,7 @@ def check_vision_data(config) -> None:
   """Raises `ConfigError` unless the vision trainer's `config.dataset` can be opened as it will
   be: the CIFAR-10 archive (unless `download`), the image folder's layout (every error
   `image_folder_splits` would raise in the run) or the TFDS splits."""
-  from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
+  from experiments.vision import input_pipeline  # pylint: disable=g-import-not-at-top
 
   name, data_dir = config.get('dataset'), config.get('data_dir')
   try:
@@ -385,7 +385,7 @@ def check_vision_data(config) -> None:
 
 def check_cifar10(data_dir: str | None) -> None:
   """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a CIFAR-10 archive."""
-  from experiments import input_pipeline  # pylint: disable=g-import-not-at-top
+  from experiments.vision import input_pipeline  # pylint: disable=g-import-not-at-top
   resolved = input_pipeline.resolve_data_dir(data_dir)
   if input_pipeline.local_cifar10(resolved) is not None:
     return
@@ -403,7 +403,7 @@ def check_cifar10(data_dir: str | None) -> None:
 MARKER = 'config.json'  # what every run of experiments.main writes first
 
 
-RESULTS = 'results.json'  # what a finished study run writes last (experiments.report.write)
+RESULTS = 'results.json'  # what a finished study run writes last (experiments.lib.report.write)
 
 
 def check_workdir(workdir: str, study: str, overwrite: bool = False) -> None:

@@ -4,7 +4,7 @@ Paper 002 Fig. 4 (VGG-6: training loss and test top-1 per epoch, one curve per
 parameterization) and paper 003 Fig. 6 (VGG19/ResNet18 with and without LCW)
 from the workdirs that `experiments.main` writes:
 
-  python -m experiments.plot_curves \
+  python -m experiments.vision.plot_curves \
       --runs=SP=/tmp/gp8/vgg6_sp,BN=/tmp/gp8/vgg6_bn,GmP+IMN=/tmp/gp8/vgg6_gmp_imn \
       --out=/tmp/gp8/vgg6 --last_k=3
 

@@ -6,7 +6,7 @@ raises a one-line `ValueError` naming the file and the line of the first problem
 row, a non-numeric cell, a class other than -1/1), so a config check can call it before a run
 starts:
 
-  from experiments import banana_data
+  from experiments.data import banana_data
   x, y = banana_data.load('../shared/data')   # x (5300, 2) float64, y (5300,) in {0, 1}
   banana_data.parse('/some/banana.csv')       # ValueError: /some/banana.csv, line 3: ...
 """
@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from experiments import download as download_lib
+from experiments.data import download as download_lib
 
 __all__ = ['FILE', 'HEADER', 'load', 'parse']
 
@@ -67,7 +67,7 @@ def parse(path: str) -> tuple[np.ndarray, np.ndarray]:
 def load(data_dir: str | None = None, download: bool = False, cache_dir: str | None = None,
          base_url: str | None = None) -> tuple[np.ndarray, np.ndarray]:
   """`parse` of `banana.csv` in `data_dir` (else `$GEOPARAM_DATA_DIR`); with `download` the file
-  is fetched into the cache when missing there (`experiments.download.find`)."""
+  is fetched into the cache when missing there (`experiments.data.download.find`)."""
   data_dir = data_dir or os.environ.get(download_lib.DATA_DIR_ENV)
   if not data_dir and not download:
     raise ValueError(

@@ -1,7 +1,7 @@
 r"""1-D Levy regression (paper 002, Sec. 3.5, Fig. 2): SP, WN, BN and GmP compared.
 
 The protocol and its command are in `experiments/configs/levy_1d.py`. Every seed
-of a method trains in one jitted `experiments.protocol.fit`, which records the
+of a method trains in one jitted `experiments.lib.protocol.fit`, which records the
 hidden units' characteristic points (`geoparam.analysis`) after every epoch.
 
 Writes to `workdir`: results.json/csv/md (test RMSE per method and seed, the
@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from experiments import models, plotting, protocol, report
+from experiments.lib import models, plotting, protocol, report
 from experiments.configs import common, validate
 from geoparam import analysis
 
@@ -57,7 +57,7 @@ def boundary_points(method: str, variables, x_train) -> jax.Array:
 
 
 def train(method: str, data, keys, c: ml_collections.ConfigDict, dtype) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped) with `experiments.protocol.fit`: MAE,
+  """Trains one method for every key in `keys` (vmapped) with `experiments.lib.protocol.fit`: MAE,
   the training loss monitored, the characteristic points recorded after every epoch."""
   model = models.MLP(hidden=(c.hidden,), out=1, method=method,
                      gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)

@@ -7,10 +7,10 @@ lines ignored. `load('yacht')` reads `<data_dir>/uci/yacht.txt`, where
 environment variable `GEOPARAM_DATA_DIR` (the folder holding `uci/`). With
 `download=True` (the study's `--config.download=True`) a file of the six paper datasets
 missing there is fetched once from its public source into the cache
-(`experiments.download`: checksum verified, `$GEOPARAM_CACHE_DIR` or
+(`experiments.data.download`: checksum verified, `$GEOPARAM_CACHE_DIR` or
 `~/.cache/geoparam`).
 
-  from experiments import uci_data
+  from experiments.data import uci_data
   ds = uci_data.load('yacht', data_dir='../shared/data')   # ds.x (308, 6), ds.y (308,)
   split = uci_data.make_splits(len(ds.y), num_splits=10, seed=0, val_fraction=0.2)
   x_fit, x_val, x_test = uci_data.standardize(
@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments import download as download_lib
+from experiments.data import download as download_lib
 
 __all__ = [
   'ENV_VAR',
@@ -202,7 +202,7 @@ def load(name: str, data_dir: str | None = None, download: bool = False,
   With `download=True` a file of `DOWNLOADABLE` missing from the data directory (or with no
   data directory at all) is fetched into the cache, or read from there when fetched before;
   `cache_dir` and `base_url` (a mirror laid out like the data directory) as in
-  `experiments.download.fetch`.
+  `experiments.data.download.fetch`.
   """
   folder = _local_dir(data_dir) if download else uci_dir(data_dir)
   path = os.path.join(folder, f'{name}.txt') if folder else None

@@ -13,7 +13,7 @@ VGG19 / pre-activation ResNet18 for CIFAR (paper 003 Table 1), each with a `para
   `gmp_imn` every GmP conv except the stem centres its inputs (IMN, running
   means in `batch_stats`), as paper 002 App. C.1 pairs IMN with GmP and MBN
   with WN.
-- `vgg6(...)`: paper 002's VGG-6, i.e. `experiments.models.CNN` with
+- `vgg6(...)`: paper 002's VGG-6, i.e. `experiments.lib.models.CNN` with
   `VGG6_LAYERS` scaled by a width multiplier (not a second implementation).
 - `VGG19` and `PreActResNet18` for CIFAR (paper 003 Sec. 6.2): VGG19 has 16
   3x3 convs, then two hidden dense layers with dropout and the output; the
@@ -22,7 +22,7 @@ VGG19 / pre-activation ResNet18 for CIFAR (paper 003 Table 1), each with a `para
   `sp` plain, no BN; `bn` plain + BN (paper 003's "VGG19" / "ResNet18");
   `lcw` LCW, no BN; `bn_lcw` LCW + BN ("+LCW"); `bn_wn`, `bn_cwn`, `bn_sn` the
   weight normalizations of paper 003 Table 1, applied like LCW to the BN models
-  (so they keep BN; rows of `experiments.models.PARAMETERIZATIONS`). Weights of
+  (so they keep BN; rows of `experiments.lib.models.PARAMETERIZATIONS`). Weights of
   every conv and hidden dense layer use the parameterization; convs carry a bias
   only when no BN follows.
 
@@ -46,7 +46,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from experiments import models
+from experiments.lib import models
 
 RESNET_PARAMETERIZATIONS = models.METHODS
 # Paper 003's CNN methods, rows of `models.PARAMETERIZATIONS` (WN, CWN and SN keep BN there).

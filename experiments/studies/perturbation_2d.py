@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import plotting, report
+from experiments.lib import plotting, report
 from experiments.configs import validate
 from geoparam import analysis, convert
 

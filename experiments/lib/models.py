@@ -346,7 +346,7 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
 def apply_train(model: nn.Module, variables: Mapping[str, Any], x):
   """`model.apply(variables, x, train=True)` with every collection but `params` mutable.
 
-  Returns `(output, updated collections)`, what a loss of `experiments.protocol.fit` returns
+  Returns `(output, updated collections)`, what a loss of `experiments.lib.protocol.fit` returns
   beside its value.
   """
   return model.apply(variables, x, train=True, mutable=[k for k in variables if k != 'params'])

@@ -7,7 +7,7 @@ The shape of flax's `examples/imagenet` and big_vision's `train.py`:
   sums, step and epoch counters) is ONE pytree of arrays, created by
   `jax.jit(init, out_shardings=...)` on a `Mesh`, shapes from `jax.eval_shape`;
 - FSDP-style feature-axis sharding over the mesh's optional `model` axis
-  (`experiments/sharding.py`): every parameter is stored split along its
+  (`experiments/vision/sharding.py`): every parameter is stored split along its
   last (output-features) axis, or as its `nn.with_partitioning` metadata
   says, the optimizer moments like their parameters, `batch_stats` by the
   same last-axis rule, scalars replicated; the step all-gathers parameters
@@ -28,7 +28,7 @@ The shape of flax's `examples/imagenet` and big_vision's `train.py`:
   checkpoint untouched.
 
 Files in `workdir`: `config.json`, `metrics.jsonl`, `metrics.csv` (the per-epoch
-stream), `results.json/csv/md` (`experiments.report.write`, like every study's: the
+stream), `results.json/csv/md` (`experiments.lib.report.write`, like every study's: the
 summary, the last and best states' evaluation), `checkpoints/{last,best}/`.
 """
 
@@ -54,12 +54,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from experiments import checkpoints as ckpt_lib
-from experiments import input_pipeline
-from experiments import models
-from experiments import report
-from experiments import sharding
-from experiments import vision_models
+from experiments.vision import checkpoints as ckpt_lib
+from experiments.vision import input_pipeline
+from experiments.lib import models
+from experiments.lib import report
+from experiments.vision import sharding
+from experiments.vision import models as vision_models
 from experiments.configs import validate
 from geoparam import masks
 from geoparam import schedules
@@ -266,7 +266,7 @@ def make_end_of_epoch(config, tx) -> Callable:
 
 
 def state_shardings(mesh, state_shapes: TrainState, boxed_params) -> TrainState:
-  """NamedShardings of the train state (see `experiments/sharding.py` for the scheme).
+  """NamedShardings of the train state (see `experiments/vision/sharding.py` for the scheme).
 
   `boxed_params`: the `params` of `jax.eval_shape(init_variables, ...)`, whose
   `nn.Partitioned` boxes carry the model's partitioning metadata.

@@ -13,12 +13,12 @@ linear softmax output; SGD with momentum 0.9, lr 0.01, batch 128, weight decay
 Data (default `synthetic`): a 10-class Gaussian mixture in 100 dimensions (8192
 train, 2048 test points; class means N(0, I), noise N(0, 3^2 I), then scaled to
 unit variance); `cifar10` uses the CIFAR-10 archive
-(`experiments.cifar_arrays.load_flat_arrays`). The launch commands are in the
+(`experiments.data.cifar_arrays.load_flat_arrays`). The launch commands are in the
 config's docstring:
 
   python -m experiments.main --config=experiments/configs/he_init_depth.py --workdir=/tmp/he_init
 
-The training loop is `experiments.protocol.train_epochs`. Writes to `workdir`:
+The training loop is `experiments.lib.protocol.train_epochs`. Writes to `workdir`:
 `results.json` (per run `<activation>_<init>`: final train loss, test accuracy,
 per-epoch curves, the std of every layer's pre-activation at init; the claims
 against the measurements), `results.csv`, `results.md` and `curves.png` (train
@@ -39,10 +39,10 @@ import ml_collections
 import numpy as np
 
 import geoparam
-from experiments import cifar_arrays
-from experiments import plotting
-from experiments import protocol
-from experiments import report
+from experiments.data import cifar_arrays
+from experiments.lib import plotting
+from experiments.lib import protocol
+from experiments.lib import report
 from experiments.configs import validate
 
 ACTIVATIONS = ('relu', 'prelu')

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import plotting, report
+from experiments.lib import plotting, report
 from geoparam import analysis
 
 # (lam, theta) of the panels.

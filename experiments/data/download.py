@@ -20,7 +20,7 @@ Nothing is fetched unless the caller says so (`download=True`; on the command li
 directory: `<base_url>/<path>` (e.g. `<base_url>/uci/yacht.txt`); the tests
 point it at a server on 127.0.0.1 serving `../shared/data`.
 
-  from experiments import download
+  from experiments.data import download
   path = download.find('banana.csv', data_dir=None, download=True)   # fetched once, then cached
 
 The checksums are those of the project's reference copies (`../shared/data`). The UCI

@@ -3,7 +3,7 @@ r"""2-D Banana classification (paper 002, Sec. 3.5, Fig. 3): SP, WN, BN and GmP 
 The protocol and its command are in `experiments/configs/banana_2d.py` (as in the
 reference notebook, the held-out 20% is both the monitored validation set and
 the reported test set). Every seed of a method trains in one jitted
-`experiments.protocol.fit`, which records the hidden units' boundary locations
+`experiments.lib.protocol.fit`, which records the hidden units' boundary locations
 `phi_i` and directions `u_i` (`geoparam.analysis`, BN folded with its running
 statistics) after every optimizer step.
 
@@ -25,9 +25,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from experiments import banana_data
-from experiments import download as download_lib
-from experiments import models, plotting, protocol, report
+from experiments.data import banana_data
+from experiments.data import download as download_lib
+from experiments.lib import models, plotting, protocol, report
 from experiments.configs import common, validate
 from geoparam import analysis
 
@@ -59,7 +59,7 @@ def make_data(x_all, y_all, seed: int, num_points: int = 1000, dtype=np.float64)
 
 def train(method: str, data, keys, c: ml_collections.ConfigDict, lr: float, dtype
           ) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped) with `experiments.protocol.fit`: an
+  """Trains one method for every key in `keys` (vmapped) with `experiments.lib.protocol.fit`: an
   epoch is the reshuffled full batches plus one step on the remainder, plateau and early
   stopping watch the held-out accuracy, the hidden layer's boundaries are recorded every step."""
   model = models.MLP(hidden=(c.hidden,), out=1, method=method,

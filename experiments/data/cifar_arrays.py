@@ -1,7 +1,7 @@
 """CIFAR-10 as flat in-memory arrays: the data of the MLP studies (deep sigmoid, He init).
 
 The archive is found and decoded (once, then cached) by
-`experiments.input_pipeline.load_jpeg_archive`: `cifar10-jpeg.tar.gz` or the
+`experiments.vision.input_pipeline.load_jpeg_archive`: `cifar10-jpeg.tar.gz` or the
 official `cifar-10-binary.tar.gz` in `data_dir` ($GEOPARAM_DATA_DIR), or with
 `download=True` the official archive fetched into the cache.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import input_pipeline
+from experiments.vision import input_pipeline
 
 
 def load_flat_arrays(data_dir: str | None, train_examples: int = 0, test_examples: int = 0,

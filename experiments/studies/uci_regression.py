@@ -5,7 +5,7 @@ protocols: `reference` (the reference code: plateau and early stopping monitor
 the *test* split's MSE, so the reported RMSE is selected on the test set) and
 `clean` (they monitor a validation set, 20% of the training split, which is
 also the only data the feature statistics come from). All splits of one
-(dataset, method) train in one `experiments.protocol.fit`, vmapped in chunks
+(dataset, method) train in one `experiments.lib.protocol.fit`, vmapped in chunks
 that stay in cache (`chunk_size`), epochs in blocks that end once every split
 stopped.
 
@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import models, plotting, report, uci_data
-from experiments import protocol as protocol_lib
+from experiments.lib import models, plotting, report
+from experiments.data import uci_data
+from experiments.lib import protocol as protocol_lib
 from experiments.configs import common, validate
 
 PROTOCOLS = ('reference', 'clean')  # what plateau and early stopping watch

@@ -19,7 +19,7 @@ def save(fig, workdir: str, name: str, *, title: str | None = None, fontsize: fl
   return name
 
 
-# How figures name the methods of experiments.models (the papers' spelling: GmP, not GMP).
+# How figures name the methods of experiments.lib.models (the papers' spelling: GmP, not GMP).
 _METHOD_LABELS = {'gmp': 'GmP', 'gmp_imn': 'GmP+IMN', 'wn_mbn': 'WN+MBN'}
 
 

@@ -57,10 +57,10 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from experiments import download as download_lib
+from experiments.data import download as download_lib
 
 JPEG_ARCHIVE = 'cifar10-jpeg.tar.gz'
-CIFAR10_BINARY = 'cifar-10-binary.tar.gz'  # the official archive (experiments.download)
+CIFAR10_BINARY = 'cifar-10-binary.tar.gz'  # the official archive (experiments.data.download)
 TFDS_DATASETS = {
   # name: (train split, eval split, num_classes)
   'cifar10': ('train', 'test', 10),
@@ -330,7 +330,7 @@ def load_jpeg_archive(data_dir: str | None, cache_dir: str | None = None,
 
   Returns split -> ArraySource and the class names. The data directory may also hold the
   official binary archive `cifar-10-binary.tar.gz` instead. With `download=True` and neither
-  there, the official archive is fetched into the cache (`experiments.download`; from the
+  there, the official archive is fetched into the cache (`experiments.data.download`; from the
   mirror `base_url` / `$GEOPARAM_DATA_URL` the JPEG archive is fetched instead).
   """
   resolved = resolve_data_dir(data_dir)

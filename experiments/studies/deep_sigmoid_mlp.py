@@ -16,9 +16,9 @@ same network and optimizer on 10000 training and 2000 test images for 5 epochs
   python -m experiments.main --config=experiments/configs/deep_sigmoid_mlp.py \
       --workdir=/tmp/deep_sigmoid
 
-Method names are rows of `experiments.models.PARAMETERIZATIONS` (SP is the plain
-Dense layer). The training loop is `experiments.protocol.train_epochs`; the data
-`experiments.cifar_arrays.load_flat_arrays` (standardized, flattened CIFAR-10).
+Method names are rows of `experiments.lib.models.PARAMETERIZATIONS` (SP is the plain
+Dense layer). The training loop is `experiments.lib.protocol.train_epochs`; the data
+`experiments.data.cifar_arrays.load_flat_arrays` (standardized, flattened CIFAR-10).
 
 Writes to `workdir`: `results.json` (per method: final train loss, test loss and
 accuracy, per-epoch curves, seconds; the config; the paper's claims against the
@@ -41,11 +41,11 @@ import numpy as np
 import geoparam
 from geoparam import schedules
 from geoparam import variance
-from experiments import cifar_arrays
-from experiments import models
-from experiments import plotting
-from experiments import protocol
-from experiments import report
+from experiments.data import cifar_arrays
+from experiments.lib import models
+from experiments.lib import plotting
+from experiments.lib import protocol
+from experiments.lib import report
 from experiments.configs import validate
 
 METHODS = ('sp', 'lcw', 'bn', 'bn_lcw', 'wn', 'cwn', 'sn', 'sl')  # rows of models.PARAMETERIZATIONS

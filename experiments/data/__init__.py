@@ -1,0 +1,1 @@
+"""Data loaders: the checked download cache, Banana, the UCI sets and CIFAR-10 as arrays."""
