@@ -292,3 +292,44 @@ def test_train_epochs_equals_a_plain_python_sgd_loop(chunk):
   with pytest.raises(ValueError, match='fewer than one batch'):
     protocol.train_epochs(net, variables, data, num_epochs=1, batch_size=23, learning_rate=0.1,
                           key=key, optimizer=protocol.masked_sgd(0.9, 0.0), log=None)
+
+
+def test_a_vmapped_grid_of_learning_rates_equals_the_cells_fitted_one_by_one():
+  """`fit(learning_rate=member -> rate)`: a grid of rates x initial scales in one compiled call
+  gives, cell by cell, what `Protocol(learning_rate=rate)` gives alone (float64, Adam, plateau
+  and early stopping active, one rate large enough to diverge)."""
+  with jax.enable_x64(True):
+    x = jnp.linspace(-1.0, 1.0, 16, dtype=jnp.float64)[:, None]
+    y = jnp.sin(3.0 * x)
+
+    def init(member):
+      k1, k2 = jax.random.split(member['key'])
+      return {'params': {'w': member['scale'] * jax.random.normal(k1, (1, 8), jnp.float64),
+                         'v': jax.random.normal(k2, (8, 1), jnp.float64)}}
+
+    def mse(variables, batch, member):
+      p = variables['params']
+      return jnp.mean((jnp.tanh(batch[0] @ p['w']) @ p['v'] - batch[1]) ** 2), {}
+
+    rates, scales = [3e-2, 3.0], [0.1, 10.0]
+    cells = [(r, s) for r in rates for s in scales]
+    key = jax.random.PRNGKey(0)
+    grid = protocol.fit(
+        protocol.Protocol(num_epochs=30, learning_rate=1.0, plateau_patience=3, stop_patience=6),
+        init=init, loss=mse, batches=protocol.full_batch(x, y),
+        members={'key': jnp.stack([key] * len(cells)),
+                 'lr': jnp.array([r for r, _ in cells], jnp.float64),
+                 'scale': jnp.array([s for _, s in cells], jnp.float64)},
+        learning_rate=lambda m: m['lr'])
+    for i, (rate, scale) in enumerate(cells):
+      alone = protocol.fit(
+          protocol.Protocol(num_epochs=30, learning_rate=rate, plateau_patience=3,
+                            stop_patience=6),
+          init=init, loss=mse, batches=protocol.full_batch(x, y),
+          members={'key': key[None], 'scale': jnp.array([scale], jnp.float64)})
+      np.testing.assert_allclose(grid['logs']['loss'][i], alone['logs']['loss'][0],
+                                 rtol=1e-9, err_msg=f'cell lr={rate}, scale={scale}')
+      np.testing.assert_array_equal(grid['logs']['lr'][i], alone['logs']['lr'][0])
+      assert int(grid['epochs_run'][i]) == int(alone['epochs_run'][0])
+    # The grid really differs across cells (the rate is not ignored).
+    assert len({round(float(v), 9) for v in grid['logs']['loss'][:, -1]}) == len(cells)

@@ -108,7 +108,7 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
         optimizer: Callable = optax.adam, evaluate: Callable | None = None,
         hook: Callable | None = None, finalize: Callable | None = None,
         trainable: Any = None, block: int | None = None,
-        chunk: int | None = None) -> dict[str, Any]:
+        chunk: int | None = None, learning_rate: Callable | None = None) -> dict[str, Any]:
   """Trains every member of `members` under the Keras protocol; one compiled call.
 
   Args:
@@ -143,6 +143,9 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
       divisor of `M`): the chunks run one after another (`lax.map`), which keeps
       a chunk's activations in cache and, with `block`, lets a chunk whose
       members have all stopped end its loop.
+    learning_rate: None (every member starts at `protocol.learning_rate`), or
+      `member -> initial rate` (a scalar), so a grid of rates trains in the same
+      compiled call (members `{'key': ..., 'lr': ...}`, `learning_rate=lambda m: m['lr']`).
 
   Returns:
     A dict of arrays with a leading member axis `M`: `variables` (final),
@@ -182,7 +185,11 @@ def fit(protocol: Protocol, *, init: Callable, loss: Callable, batches: Callable
   def run(member):
     variables = init(member)
     params, others = _split(variables)
-    carry = dict(state=(params, others, opt.init(params)), plateau=plateau.init(lr),
+    opt_state, start = opt.init(params), lr
+    if learning_rate is not None:
+      start = learning_rate(member)
+      opt_state = schedules.set_learning_rate(opt_state, start)
+    carry = dict(state=(params, others, opt_state), plateau=plateau.init(start),
                  stop=stopper.init(), best=(params, others))
 
     def epoch(carry, t):
