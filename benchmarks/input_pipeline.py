@@ -6,7 +6,7 @@ r"""Host cost per image of the ImageNet input pipeline, on generated JPEGs (no d
 `--images` JPEGs of `--size` (ImageNet's typical 500x375; smooth random shapes plus noise, so
 they compress like photographs, ~60-100 KB each) are generated in memory with PIL. Timed:
 
-- `train`: `experiments.vision.input_pipeline`'s train transform of `config.augment='imagenet'`
+- `train`: `experiments.vision.augmentation`'s train transform of `config.augment='imagenet'`
   (decode, random-resized crop at 224, flip; with `--source=arrays` the decode happens in the
   source, as for the CIFAR archive's in-memory arrays, and is still inside the timing);
 - `eval`: the eval transform (decode, shorter side to 256, centre crop 224).
@@ -15,9 +15,9 @@ Also timed: a full decode alone (the floor of the host work per image). Per tran
 images/s per image on one core (the transform called on batches in this
 thread; min and median over `--repeats` passes over all images, in wall time and in this
 thread's CPU time, which other jobs on a shared machine inflate less), and images/s through
-`input_pipeline.Loader` with each count of grain worker processes in `--workers` (one thread
-each; 0: one thread of this process; median over the repeats) and the speed-up of the largest
-count over the smallest. Colour jitter and lighting are not host work once they
+`experiments.vision.loader.Loader` with each count of grain worker processes in `--workers`
+(one thread each; 0: one thread of this process; median over the repeats) and the speed-up of
+the largest count over the smallest. Colour jitter and lighting are not host work once they
 run in the train step on the device (see the README). `--tiny` shrinks everything (the test
 suite runs that).
 """
@@ -36,7 +36,8 @@ from absl import flags
 import ml_collections
 import numpy as np
 
-from experiments.vision import input_pipeline
+from experiments.vision import augmentation
+from experiments.vision import loader as loader_lib
 
 FLAGS = flags.FLAGS
 SOURCES = ('bytes', 'arrays')
@@ -95,7 +96,7 @@ class JpegSource:
 
 
 def _accepts_bytes() -> bool:
-  return bool(getattr(input_pipeline, 'DECODES_BYTES', False))
+  return bool(getattr(augmentation, 'DECODES_BYTES', False))
 
 
 def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
@@ -131,8 +132,8 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
       decode_times.append(time.perf_counter() - t)
   rows = []
   for name, train in (('train', True), ('eval', False)):
-    augment = input_pipeline.make_augment(config, train)
-    u = np.random.default_rng(1).random((images, input_pipeline.NUM_UNIFORMS), dtype=np.float32)
+    augment = augmentation.make_augment(config, train)
+    u = np.random.default_rng(1).random((images, augmentation.NUM_UNIFORMS), dtype=np.float32)
     starts = range(0, images - batch + 1, batch)
     n = len(starts) * batch
 
@@ -154,8 +155,8 @@ def run(images: int = 256, batch: int = 32, repeats: int = 5, workers=(1, 2),
     for w in workers:
       # w grain worker processes of one thread each (0: one thread of this process), one
       # iterator over all passes, as the trainer uses it; the first pass starts the workers.
-      loader = input_pipeline.Loader(src, batch, train=train, augment=augment, seed=0,
-                                     num_workers=w, num_threads=1, prefetch=2)
+      loader = loader_lib.Loader(src, batch, train=train, augment=augment, seed=0,
+                                 num_workers=w, num_threads=1, prefetch=2)
       batches = loader.iterate(0)
       rates = []
       for r in range(repeats + 1):

@@ -29,10 +29,11 @@ def _config(data_dir, num_epochs):
 
 def _worker(tmp):
   import jax
-  from experiments.vision import input_pipeline, sharding, train
+  from experiments.vision import sharding, train
+  from tests import fixtures
   data = os.path.join(tmp, 'data')
-  input_pipeline.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
-                                         test_per_class=4, size=8)
+  fixtures.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
+                                   test_per_class=4, size=8)
 
   def final(workdir, summary):
     leaves = sharding.to_host(jax.tree.leaves(summary['state']))

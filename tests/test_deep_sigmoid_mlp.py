@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from experiments.studies import deep_sigmoid_mlp as dsm
-from experiments.vision import input_pipeline
 from experiments import main
 from experiments.lib import models
 from experiments.configs import validate
+from tests import fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='module')
 def fake_data_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp('fake_cifar')
-  input_pipeline.write_fake_jpeg_archive(str(d), num_classes=3, train_per_class=6,
-                                         test_per_class=2, size=4)
+  fixtures.write_fake_jpeg_archive(str(d), num_classes=3, train_per_class=6,
+                                   test_per_class=2, size=4)
   return d
 
 

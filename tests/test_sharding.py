@@ -80,11 +80,11 @@ def _spec(x):
 def _run_steps(config, shapes, batches, tmp=None):
   """3 steps from one initial state on each mesh -> host results and sharding facts."""
   import jax
-  from experiments.vision import checkpoints, input_pipeline, sharding, train
+  from experiments.vision import checkpoints, sharding, sources, train
   results, facts, start = {}, {}, None
   for shape in shapes:
     mesh = sharding.make_mesh(shape)
-    trainer = train.Trainer(config, mesh, 10, input_pipeline.MEAN_STD['cifar'], (8, 8, 3))
+    trainer = train.Trainer(config, mesh, 10, sources.MEAN_STD['cifar'], (8, 8, 3))
     if start is None:  # one init (its compile is the slow part), placed on every mesh
       start = sharding.to_host(trainer.new_state())
     state = jax.device_put(start, trainer.state_sharding)
@@ -280,10 +280,10 @@ def _free_port():
 
 
 def test_two_processes_equal_one(tmp_path):
-  from experiments.vision import input_pipeline
+  from tests import fixtures
   data = str(tmp_path / 'data')
-  input_pipeline.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
-                                         test_per_class=4, size=8)
+  fixtures.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
+                                   test_per_class=4, size=8)
   cache = str(tmp_path / 'cache')
   single = subprocess.Popen(
       [sys.executable, __file__, 'train', str(tmp_path / 'one'), data, cache],

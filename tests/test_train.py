@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import mock_tfds
-from experiments.vision import input_pipeline
 from experiments.vision import train
 from experiments.configs import cifar10_cnn
 from experiments.configs import imagenet32_vgg6
+from tests import fixtures
 
 
 def test_imagenet32_smoke_on_mock_tfds_records(tmp_path, capsys):
@@ -41,8 +41,8 @@ def test_imagenet32_smoke_on_mock_tfds_records(tmp_path, capsys):
 def test_nonfinite_loss_stops_with_message(tmp_path, monkeypatch):
   monkeypatch.setenv('GEOPARAM_CACHE_DIR', str(tmp_path / 'cache'))
   data = str(tmp_path / 'data')
-  input_pipeline.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
-                                         test_per_class=2, size=8)
+  fixtures.write_fake_jpeg_archive(data, num_classes=3, train_per_class=8,
+                                   test_per_class=2, size=8)
   config = cifar10_cnn.get_config('smoke')
   config.update(dict(layers=(4,), batch_size=8, eval_batch_size=6, learning_rate=1e30,
                      log_every=1, num_workers=0, data_dir=data))

@@ -10,12 +10,12 @@ import pytest
 import geoparam
 from benchmarks import vision_throughput
 from conftest import mock_tfds
-from experiments.vision import input_pipeline
 from experiments.vision import train
 from experiments.vision import models as vision_models
 from experiments.configs import cifar10_vgg6
 from experiments.configs import cifar_lcw
 from experiments.configs import imagenet_resnet50
+from tests import fixtures
 
 
 def _check_run(summary, workdir, steps, num_classes):
@@ -56,8 +56,8 @@ def test_cifar_lcw_smoke_on_mock_tfds_records(tmp_path):
 def test_cifar10_vgg6_smoke_on_a_fake_jpeg_archive(tmp_path, monkeypatch):
   monkeypatch.setenv('GEOPARAM_CACHE_DIR', str(tmp_path / 'cache'))
   data = str(tmp_path / 'data')
-  input_pipeline.write_fake_jpeg_archive(data, num_classes=10, train_per_class=4,
-                                         test_per_class=2, size=8)
+  fixtures.write_fake_jpeg_archive(data, num_classes=10, train_per_class=4,
+                                   test_per_class=2, size=8)
   config = cifar10_vgg6.get_config('method=bn,smoke')
   config.update(dict(data_dir=data, num_workers=0, train_examples=0, eval_examples=0,
                      batch_size=20, eval_batch_size=20))

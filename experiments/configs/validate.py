@@ -356,7 +356,7 @@ def check_vision_data(config) -> None:
   """Raises `ConfigError` unless the vision trainer's `config.dataset` can be opened as it will
   be: the CIFAR-10 archive (unless `download`), the image folder's layout (every error
   `image_folder_splits` would raise in the run) or the TFDS splits."""
-  from experiments.vision import input_pipeline  # pylint: disable=g-import-not-at-top
+  from experiments.vision import sources  # pylint: disable=g-import-not-at-top
 
   name, data_dir = config.get('dataset'), config.get('data_dir')
   try:
@@ -364,15 +364,15 @@ def check_vision_data(config) -> None:
       if not config.get('download', False):
         check_cifar10(data_dir)
     elif name == 'image_folder':
-      root = input_pipeline.resolve_data_dir(data_dir)
+      root = sources.resolve_data_dir(data_dir)
       if not root:
         raise ValueError('dataset image_folder needs a folder holding train/<class>/*.jpg and '
                          'val/<class>/*.jpg: set --config.data_dir (or GEOPARAM_DATA_DIR).')
-      input_pipeline.image_folder_splits(root)
-    elif name in input_pipeline.TFDS_DATASETS:
-      train_split, eval_split, _ = input_pipeline.TFDS_DATASETS[name]
+      sources.image_folder_splits(root)
+    elif name in sources.TFDS_DATASETS:
+      train_split, eval_split, _ = sources.TFDS_DATASETS[name]
       for split in (train_split, eval_split):
-        input_pipeline.load_tfds(name, split, data_dir)
+        sources.load_tfds(name, split, data_dir)
   except ConfigError:
     raise
   except ImportError as e:
@@ -385,11 +385,11 @@ def check_vision_data(config) -> None:
 
 def check_cifar10(data_dir: str | None) -> None:
   """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a CIFAR-10 archive."""
-  from experiments.vision import input_pipeline  # pylint: disable=g-import-not-at-top
-  resolved = input_pipeline.resolve_data_dir(data_dir)
-  if input_pipeline.local_cifar10(resolved) is not None:
+  from experiments.vision import sources  # pylint: disable=g-import-not-at-top
+  resolved = sources.resolve_data_dir(data_dir)
+  if sources.local_cifar10(resolved) is not None:
     return
-  names = (input_pipeline.JPEG_ARCHIVE, input_pipeline.CIFAR10_BINARY)
+  names = (sources.JPEG_ARCHIVE, sources.CIFAR10_BINARY)
   where = (f'data_dir {resolved!r}' if data_dir else
            f'$GEOPARAM_DATA_DIR={os.environ.get("GEOPARAM_DATA_DIR")!r}')
   raise ConfigError(f'--config.data_dir={data_dir}: no {names[0]} (or {names[1]}) in {where}; '

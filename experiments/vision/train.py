@@ -55,7 +55,9 @@ import numpy as np
 import optax
 
 from experiments.vision import checkpoints as ckpt_lib
-from experiments.vision import input_pipeline
+from experiments.vision import augmentation
+from experiments.vision import loader as loader_lib
+from experiments.vision import sources as sources_lib
 from experiments.lib import models
 from experiments.lib import report
 from experiments.vision import sharding
@@ -79,7 +81,7 @@ def _methods_of(config) -> tuple[str, ...]:
 
 # The trainer's own config fields (the others are validate.RULES').
 CONFIG_RULES = {
-    'dataset': validate.choice(input_pipeline.DATASETS),
+    'dataset': validate.choice(sources_lib.DATASETS),
     'augment': validate.choice(validate.AUGMENTS),
     'model': validate.choice(vision_models.MODELS),
     'method': validate.choice(_methods_of),
@@ -203,7 +205,7 @@ def make_train_step(model, tx, mean_std, seed: int = 0, mesh=None) -> Callable:
   def step(state: TrainState, batch):
     images = batch['image']
     if 'colour' in batch:  # augment='imagenet': colour jitter and lighting run here, batched
-      images = input_pipeline.colour_lighting(images, batch['colour'])
+      images = augmentation.colour_lighting(images, batch['colour'])
     x = _normalize(images, mean_std)
     labels, mask = batch['label'], batch['mask']
     has_stats = bool(jax.tree.leaves(state.batch_stats))
@@ -485,7 +487,7 @@ def _scalars(tree) -> dict[str, float]:
 
 def _rates(sums: dict[str, float], prefix: str, examples: int) -> dict[str, float]:
   """Mean loss and accuracies over the counted examples; `{prefix}_skipped`: of `examples`,
-  those masked out because their image could not be decoded (`input_pipeline.Loader`)."""
+  those masked out because their image could not be decoded (`loader_lib.Loader`)."""
   n = max(sums['count'], 1.0)
   return {f'{prefix}_loss': sums['loss'] / n, f'{prefix}_top1': sums['top1'] / n,
           f'{prefix}_top5': sums['top5'] / n,
@@ -531,15 +533,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   mesh = sharding.make_mesh(tuple(config.mesh_shape))
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  sources = input_pipeline.get_sources(config)
+  sources = sources_lib.get_sources(config)
   pcount, pindex = jax.process_count(), jax.process_index()
-  train_loader = input_pipeline.Loader(
-      sources.train, config.batch_size, train=True, augment=input_pipeline.make_augment(config, True),
+  train_loader = loader_lib.Loader(
+      sources.train, config.batch_size, train=True, augment=augmentation.make_augment(config, True),
       seed=config.seed, process_index=pindex, process_count=pcount,
       num_workers=config.num_workers, num_threads=config.num_threads, prefetch=config.prefetch)
-  eval_loader = input_pipeline.Loader(
+  eval_loader = loader_lib.Loader(
       sources.eval, config.eval_batch_size, train=False,
-      augment=input_pipeline.make_augment(config, False), seed=config.seed,
+      augment=augmentation.make_augment(config, False), seed=config.seed,
       process_index=pindex, process_count=pcount, num_workers=config.num_workers,
       num_threads=config.num_threads, prefetch=config.prefetch)
   # One grain iterator per loader for the whole run (worker processes start once).
