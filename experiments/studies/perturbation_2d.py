@@ -158,7 +158,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   rows = [dict(method=k, eps=e, draw=i, angle_deg=changes[k][e]['angle_deg'][i],
                location_change=changes[k][e]['location_change'][i])
           for k in METHODS for e in eps_values for i in range(config.num_draws)]
-  header = [f'{k.upper()} angle (deg): unit / median / max' for k in METHODS]
+  header = [f'{plotting.method_label(k)} angle (deg): unit / median / max' for k in METHODS]
   table = report.markdown_table(['eps', *header], [
       [f'{e:g}'] + [f'{unit[k][f"{e:g}"]["angle_deg"]:.3g} / '
                     f'{stats[k][f"{e:g}"]["median_angle_deg"]:.3g} / '
