@@ -219,3 +219,49 @@ def modal(chosen: Sequence[float]) -> float:
   best = max(counts.values())
   key = next(k for k, v in counts.items() if v == best)
   return float(key)
+
+
+# ---------------------------------------------------------------------------
+# Reporting, shared by the studies that choose one rate per method (Levy, Banana).
+
+PAPER_CLAIM = 'CV picks 0.1 for GmP and 0.01 for the others'
+
+
+def paper_claim(chosen: dict[str, float]) -> str:
+  """The verdict on paper 002's finding (Appendix C) for `chosen` (method -> rate): every GmP
+  variant at 0.1, every other method at 0.01; no verdict when a rate is NaN."""
+  from experiments.configs import common  # pylint: disable=g-import-not-at-top
+  from experiments.lib import report  # pylint: disable=g-import-not-at-top
+  holds = all(r == common.paper_lr(m) for m, r in chosen.items())
+  return report.claim(holds, ', '.join(f'{m} {r:g}' for m, r in chosen.items()),
+                      *chosen.values())
+
+
+def summary(selections: dict[str, Selection], rates) -> dict[str, dict]:
+  """results.json's view of one selection per method: `chosen_lr`, `val_score_by_lr`
+  (NaN: diverged) and `diverged_by_lr`, each method -> ..."""
+  keys = [f'{r:g}' for r in rates]
+  return dict(chosen_lr={m: s.rate for m, s in selections.items()},
+              val_score_by_lr={m: dict(zip(keys, s.scores.tolist()))
+                               for m, s in selections.items()},
+              diverged_by_lr={m: dict(zip(keys, s.diverged.tolist()))
+                               for m, s in selections.items()})
+
+
+def markdown(selections: dict[str, Selection], rates, metric: str, fixed: dict[str, tuple],
+             chosen: dict[str, tuple], digits: int = 4) -> str:
+  """Markdown table, one row per method: the chosen rate, every rate's validation score
+  (`metric`, the chosen one bold, `diverged` for a rate with a non-finite fold), the test
+  metric at the chosen rate and at the fixed rate (`(rate, values over seeds)` each)."""
+  from experiments.lib import report  # pylint: disable=g-import-not-at-top
+  rows = []
+  for m, s in selections.items():
+    cells = ['diverged' if d else report.bold(f'{v:.{digits}f}', i == s.index)
+             for i, (v, d) in enumerate(zip(s.scores, s.diverged))]
+    test = lambda pair: ('-' if not np.isfinite(pair[0]) else
+                         f'{report.format_mean_se(pair[1], digits)} (lr {pair[0]:g})')
+    rows.append([m, 'none finite' if s.index < 0 else f'{s.rate:g}', *cells, test(chosen[m]),
+                 test(fixed[m])])
+  return report.markdown_table(
+      ['method', 'CV lr', *(f'val {metric} lr {r:g}' for r in rates),
+       f'test {metric} at the CV lr', f'test {metric} at the fixed lr'], rows)
