@@ -102,13 +102,18 @@ def check_folds(num_folds: int, train_size: int, what: str, fit_least: int = 1) 
   """Raises `validate.ConfigError` (one line) unless `num_folds` folds of `train_size` rows
   leave every fold >= 1 held-out row and a fit part of >= `fit_least` rows (`what` names the
   training set in the message)."""
-  if num_folds > train_size or train_size - train_size // num_folds < fit_least:
-    most = max(k for k in range(1, train_size + 1)
-               if train_size - train_size // k >= fit_least) if train_size >= fit_least else 0
-    need = f' and a fit part of >= {fit_least} rows' if fit_least > 1 else ''
+  if num_folds > train_size:
     raise validate.ConfigError(
         f'--config.cv_folds={num_folds}: {what} has {train_size} training rows; at most '
-        f'{most} folds leave every fold >= 1 held-out row{need}.')
+        f'{train_size} folds leave every fold >= 1 held-out row.')
+  if train_size - train_size // num_folds < fit_least:
+    least = next((k for k in range(2, train_size + 1) if train_size - train_size // k >= fit_least),
+                 None)
+    fix = f'use at least {least} folds' if least else 'no fold count does'
+    raise validate.ConfigError(
+        f'--config.cv_folds={num_folds}: {what} has {train_size} training rows, so a fold\'s fit '
+        f'part has {train_size - train_size // num_folds}, fewer than the {fit_least} it needs; '
+        f'{fix}.')
 
 
 def carve_folds(train_indices, num_folds: int, seed) -> np.ndarray:
