@@ -46,6 +46,12 @@ def get_config(arg=None):
   c.compare_rates = True  # also train every method at the other rate (Fig. 3 a-i)
   c.gmp_glorot_scale = True  # GmP scales start at the Glorot norm (the reference code)
   c.plots = True
+  # Learning-rate selection: fixed (lr_gmp / lr_others) or cv (paper 002, Appendix C: per
+  # method, cv_folds-fold cross-validation on the training part over lr_grid,
+  # then a retrain on the whole training part at the chosen rate; the fixed rows are kept).
+  c.lr_selection = 'fixed'
+  c.lr_grid = '0.001,0.003,0.01,0.03,0.1,0.3'  # comma-separated; only with lr_selection=cv
+  c.cv_folds = 5  # only with lr_selection=cv
   if arg.smoke:
     c.num_epochs = 150
     c.num_seeds = 2

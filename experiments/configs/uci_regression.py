@@ -46,6 +46,12 @@ def get_config(arg=None):
   c.plateau_patience = 50  # epochs without improvement of the monitored MSE before LR x0.1
   c.stop_patience = 100  # ... before stopping (best weights restored)
   c.hidden = 100
+  # Learning-rate selection: fixed (lr_gmp / lr_others) or cv (paper 002, Appendix C: per
+  # method and split, cv_folds-fold cross-validation on the training part over lr_grid,
+  # then a retrain on the whole training part at the chosen rate; the fixed rows are kept).
+  c.lr_selection = 'fixed'
+  c.lr_grid = '0.001,0.003,0.01,0.03,0.1,0.3'  # comma-separated; only with lr_selection=cv
+  c.cv_folds = 5  # only with lr_selection=cv
   if arg.smoke:
     c.datasets = 'yacht'
     c.num_splits = 3

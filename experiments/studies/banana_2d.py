@@ -7,6 +7,13 @@ the reported test set). Every seed of a method trains in one jitted
 `phi_i` and directions `u_i` (`geoparam.analysis`, BN folded with its running
 statistics) after every optimizer step.
 
+With `lr_selection='cv'` (paper 002, Appendix C) each method's rate is also
+chosen from `lr_grid` by `cv_folds`-fold cross-validation on the training
+points only (`experiments.lib.lr_search`; a fold is standardized with its fit
+part's statistics, monitored and scored by its held-out accuracy, the mean over
+folds and seeds decides), retrained at that rate and tested; results.json's
+`cv` and a second table report it beside the protocol-rate runs.
+
 Writes to `workdir`: results.json/csv/md (test accuracy and max angle change
 per method and rate, the paper's claims), `trajectories.png` (Fig. 3 a-h,
 seed 0), `angle_change.png` (Fig. 3 i, max over seeds) and
@@ -25,9 +32,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from experiments.data import banana_data
+from experiments.data import banana_data, uci_data
 from experiments.data import download as download_lib
-from experiments.lib import models, plotting, protocol, report
+from experiments.lib import lr_search, models, plotting, protocol, report
 from experiments.configs import common, validate
 from geoparam import analysis
 
@@ -62,30 +69,13 @@ def train(method: str, data, keys, c: ml_collections.ConfigDict, lr: float, dtyp
   """Trains one method for every key in `keys` (vmapped) with `experiments.lib.protocol.fit`: an
   epoch is the reshuffled full batches plus one step on the remainder, plateau and early
   stopping watch the held-out accuracy, the hidden layer's boundaries are recorded every step."""
-  model = models.MLP(hidden=(c.hidden,), out=1, method=method,
-                     gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)
   x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test', 'y_test'))
   n = x.shape[0]
   full, rest = divmod(n, c.batch_size)
-  if full < 1:
-    raise ValueError(f'batch_size={c.batch_size} exceeds the {n} training points.')
-  settings = protocol.Protocol(num_epochs=c.num_epochs, learning_rate=lr, monitor='val_acc',
-                               mode='max', plateau_patience=c.plateau_patience,
-                               stop_patience=c.stop_patience)
-
-  def accuracy(variables, inputs, labels):
-    logits = model.apply(variables, inputs, train=False)
-    return jnp.mean(((logits > 0).astype(labels.dtype) == labels).astype(jnp.float32))
-
-  def bce(variables, batch, key):
-    logits, updates = models.apply_train(model, variables, batch[0])
-    return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, batch[1])), updates
+  model, settings, accuracy, bce = _setup(method, c, lr, dtype, n)
 
   def batches(key, t):
-    perm = jax.random.permutation(jax.random.fold_in(jax.random.split(key)[1], t), n)
-    xs, ys, cut = x[perm], y[perm], full * c.batch_size
-    groups = ((xs[:cut].reshape(full, c.batch_size, -1), ys[:cut].reshape(full, c.batch_size, -1)),)
-    return groups + (((xs[cut:][None], ys[cut:][None]),) if rest else ())
+    return _epoch(key, t, x, y, c.batch_size)
 
   def finalize(initial, final, key):
     return dict(test_acc=accuracy(final, x_test, y_test), train_acc=accuracy(final, x, y),
@@ -108,6 +98,69 @@ def train(method: str, data, keys, c: ml_collections.ConfigDict, lr: float, dtyp
   out.update(seconds=time.perf_counter() - t0, steps_per_epoch=full + (rest > 0), model=model,
              lr=lr)
   return out
+
+
+def _setup(method: str, c: ml_collections.ConfigDict, lr: float, dtype, n: int):
+  """The model, the protocol's settings, `accuracy(variables, x, y)` and the loss
+  `bce(variables, (x, y), member)` of `n` training points."""
+  if n // c.batch_size < 1:
+    raise ValueError(f'batch_size={c.batch_size} exceeds the {n} training points.')
+  model = models.MLP(hidden=(c.hidden,), out=1, method=method,
+                     gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)
+  settings = protocol.Protocol(num_epochs=c.num_epochs, learning_rate=lr, monitor='val_acc',
+                               mode='max', plateau_patience=c.plateau_patience,
+                               stop_patience=c.stop_patience)
+
+  def accuracy(variables, inputs, labels):
+    logits = model.apply(variables, inputs, train=False)
+    return jnp.mean(((logits > 0).astype(labels.dtype) == labels).astype(jnp.float32))
+
+  def bce(variables, batch, key):
+    logits, updates = models.apply_train(model, variables, batch[0])
+    return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, batch[1])), updates
+  return model, settings, accuracy, bce
+
+
+def _epoch(key, t, x, y, batch_size: int):
+  """Epoch `t`'s batches of `(x, y)`: reshuffled (by `key`) full batches, then the remainder."""
+  n = x.shape[0]
+  full, rest = divmod(n, batch_size)
+  perm = jax.random.permutation(jax.random.fold_in(jax.random.split(key)[1], t), n)
+  xs, ys, cut = x[perm], y[perm], full * batch_size
+  groups = ((xs[:cut].reshape(full, batch_size, -1), ys[:cut].reshape(full, batch_size, -1)),)
+  return groups + (((xs[cut:][None], ys[cut:][None]),) if rest else ())
+
+
+def cross_validate(method: str, data, keys, c: ml_collections.ConfigDict, dtype,
+                   rates) -> dict[str, Any]:
+  """`lr_search.search` of `method` over `rates`: `c.cv_folds` folds of the training points
+  (seed `[c.seed, 1]`) x `rates` x `keys`, one `protocol.fit` call; a member trains on its
+  fold's fit part (standardized with that part's statistics) as `train` does, its held-out
+  fold taking the test split's place (monitored and scored: accuracy, higher is better).
+  Reads only `x_train` and `y_train`."""
+  everything = np.arange(data['x_train'].shape[0])
+  held = lr_search.carve_folds(everything, c.cv_folds, seed=[c.seed, 1])
+  fits = lr_search.fit_parts(everything, held)
+  parts = [uci_data.standardize(data['x_train'][f], data['x_train'][h])
+           for f, h in zip(fits, held)]
+  x_fit, x_val = (np.stack([p[i] for p in parts]).astype(dtype) for i in (0, 1))
+  y_fit, y_val = data['y_train'][fits], data['y_train'][held]
+  model, settings, accuracy, bce = _setup(method, c, float(rates[0]), dtype, fits.shape[1])
+
+  def fit_grid(g):
+    k = g['fold']
+    members = dict(key=keys[g['seed']], lr=jnp.asarray(g['lr'], dtype),
+                   x=jnp.asarray(x_fit[k]), y=jnp.asarray(y_fit[k]),
+                   x_val=jnp.asarray(x_val[k]), y_val=jnp.asarray(y_val[k]))
+    out = protocol.fit(
+        settings, init=lambda m: model.init(jax.random.split(m['key'])[0], m['x'], train=False),
+        loss=bce, batches=lambda m, t: _epoch(m['key'], t, m['x'], m['y'], c.batch_size),
+        members=members, learning_rate=lambda m: m['lr'],
+        evaluate=lambda v, m: {'val_acc': accuracy(v, m['x_val'], m['y_val'])},
+        finalize=lambda first, final, m: accuracy(final, m['x_val'], m['y_val']))
+    return np.asarray(out['final'])
+
+  return lr_search.search(fit_grid, rates, c.cv_folds, len(keys), 'max')
 
 
 def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]:
@@ -262,12 +315,16 @@ def _num_points(v, config):
 
 
 # The study's own config fields (the others are validate.RULES').
-CONFIG_RULES = {'num_points': _num_points, 'compare_rates': validate.boolean}
+CONFIG_RULES = {'num_points': _num_points, 'compare_rates': validate.boolean,
+                **lr_search.CONFIG_RULES}
 
 
 def check_data(config) -> None:
   """Raises `validate.ConfigError` unless banana.csv is in the data directory and parses (or
-  may be downloaded)."""
+  may be downloaded), and `cv_folds` leaves every fold's fit part a batch."""
+  if config.get('lr_selection') == 'cv':
+    n = config.num_points - config.num_points // 5
+    lr_search.check_folds(config.cv_folds, n, 'the Banana training set', config.batch_size)
   if config.get('download', False):
     return
   try:
@@ -308,6 +365,19 @@ def _run(c, workdir, methods, x_all, y_all):
             f'change {np.nanmax(r["max_dtheta_deg"]):.2f} deg ({r["seconds"]:.1f} s incl. '
             'compile)', flush=True)
   chosen = {m: runs[common.paper_lr(m, c.lr_gmp, c.lr_others)][m] for m in methods}
+  use_cv = c.get('lr_selection', 'fixed') == 'cv'
+  rates_cv = lr_search.parse_grid(c.lr_grid) if use_cv else ()
+  selections, at_cv = {}, {}
+  for m in methods if use_cv else ():
+    t0 = time.perf_counter()
+    selections[m] = s = cross_validate(m, data, keys, c, dtype, rates_cv)['selections'][0]
+    # A run at the same rate (same keys and data) is the same computation: reused.
+    at_cv[m] = (None if s.index < 0 else runs[s.rate][m] if m in runs.get(s.rate, {}) else
+                train(m, data, keys, c, s.rate, dtype))
+    test = at_cv[m]['test_acc'] if at_cv[m] is not None else np.full(len(keys), np.nan)
+    print(f'[banana_2d] {m}: CV chose lr {s.rate:g} (val accuracy by lr: '
+          f'{", ".join(f"{v:.4f}" for v in s.scores)}); test accuracy {np.mean(test):.4f} '
+          f'({time.perf_counter() - t0:.1f} s incl. compile)', flush=True)
   large = runs.get(max(c.lr_gmp, c.lr_others)) if c.compare_rates else None
   mean_acc = lambda r: float(np.mean(r['test_acc']))
   peak = lambda key: lambda r: float(np.nanmax(r[key]))
@@ -332,12 +402,44 @@ def _run(c, workdir, methods, x_all, y_all):
       epochs_run=lambda r: r['epochs_run'],
       max_angle_change_deg=lambda r: np.nanmax(r['max_dtheta_deg'], axis=1),
       max_location_change=lambda r: np.nanmax(r['max_dphi'], axis=1))
+  table = summarize(runs, chosen)
+  claims = check_claims(chosen, large, max(c.lr_gmp, c.lr_others))
+  if use_cv:
+    nan = np.full(len(keys), np.nan)
+    test_cv = {m: (s.rate, at_cv[m]['test_acc'] if at_cv[m] is not None else nan)
+               for m, s in selections.items()}
+    test_fixed = {m: (common.paper_lr(m, c.lr_gmp, c.lr_others), r['test_acc'])
+                  for m, r in chosen.items()}
+    summary['cv'] = dict(
+        lr_grid=list(rates_cv), cv_folds=c.cv_folds, **lr_search.summary(selections, rates_cv),
+        score='validation accuracy (monitored and scored on the held-out fold), mean over folds '
+        'and seeds; ties: the smaller rate; a rate with a non-finite fold is never chosen',
+        test_accuracy={m: report.mean_se(v)[0] for m, (_, v) in test_cv.items()},
+        test_accuracy_se={m: report.mean_se(v)[1] for m, (_, v) in test_cv.items()},
+        per_seed={m: v for m, (_, v) in test_cv.items()})
+    rows = [dict(row, lr_selection='fixed') for row in rows] + [
+        dict(method=m, lr=rate, protocol_rate=False, seed_index=i, test_accuracy=v[i],
+             train_accuracy=at_cv[m]['train_acc'][i] if at_cv[m] is not None else np.nan,
+             epochs_run=at_cv[m]['epochs_run'][i] if at_cv[m] is not None else -1,
+             max_angle_change_deg=np.nanmax(at_cv[m]['max_dtheta_deg'][i])
+             if at_cv[m] is not None else np.nan,
+             max_location_change=np.nanmax(at_cv[m]['max_dphi'][i])
+             if at_cv[m] is not None else np.nan, lr_selection='cv')
+        for m, (rate, v) in test_cv.items() for i in range(len(keys))]
+    table += ('\n\nLearning rate by cross-validation (paper 002, Appendix C): '
+              f'{c.cv_folds} folds of the training points x {len(keys)} seeds per rate, then '
+              'all training points at the chosen rate (bold: the chosen score):\n\n'
+              + lr_search.markdown(selections, rates_cv, 'accuracy', test_fixed, test_cv))
+    claims[lr_search.PAPER_CLAIM] = lr_search.paper_claim(
+        {m: s.rate for m, s in selections.items()})
+    best = max(test_cv, key=lambda m: np.mean(test_cv[m][1]))
+    claims['GmP has the highest test accuracy at the CV-chosen rates'] = report.claim(
+        best.startswith('gmp'), f'highest mean: {best} {np.mean(test_cv[best][1]):.4f}',
+        *(v for _, v in test_cv.values()))
   figures = plot(runs, chosen, data, workdir) if c.plots else []
   config = dict(c.to_dict(), methods=list(methods),
                 validation='held-out 20% (also the test set, as in the reference code)')
-  summary = report.write(workdir, 'banana_2d', summary=summary, rows=rows,
-                         table=summarize(runs, chosen),
-                         claims=check_claims(chosen, large, max(c.lr_gmp, c.lr_others)),
-                         config=config, started=t_start, figures=figures)
+  summary = report.write(workdir, 'banana_2d', summary=summary, rows=rows, table=table,
+                         claims=claims, config=config, started=t_start, figures=figures)
   return {'summary': summary, 'runs': runs, 'results': chosen, 'data': data}
 

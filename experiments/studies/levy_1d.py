@@ -4,6 +4,12 @@ The protocol and its command are in `experiments/configs/levy_1d.py`. Every seed
 of a method trains in one jitted `experiments.lib.protocol.fit`, which records the
 hidden units' characteristic points (`geoparam.analysis`) after every epoch.
 
+With `lr_selection='cv'` (paper 002, Appendix C) each method's rate is also
+chosen from `lr_grid` by `cv_folds`-fold cross-validation on the 50 training
+points (`experiments.lib.lr_search`; score: the mean held-out RMSE over folds
+and seeds), retrained on all 50 at that rate and tested; results.json's `cv`
+and a second table report it beside the fixed-rate runs (which the figures show).
+
 Writes to `workdir`: results.json/csv/md (test RMSE per method and seed, the
 boundary changes, the paper's claims), `predictions.png` (every seed, before
 and after training), `boundary_change.png` (Fig. 2c: log2 max_i |dphi_i| per
@@ -22,14 +28,21 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from experiments.lib import models, plotting, protocol, report
+from experiments.lib import lr_search, models, plotting, protocol, report
 from experiments.configs import common, validate
 from geoparam import analysis
 
 NUM_POINTS = 50
 NOISE = 0.1
 SPECTRUM_ROWS = 11  # bars in the location spectra (Fig. 2 d-g)
-CONFIG_RULES = {}  # every field of the study's config is a shared one (validate.RULES)
+# The study's own config fields (the others are validate.RULES'): the learning-rate search's.
+CONFIG_RULES = dict(lr_search.CONFIG_RULES)
+
+
+def check_data(config) -> None:
+  """Raises `validate.ConfigError` when `cv_folds` does not fit the 50 training points."""
+  if config.get('lr_selection') == 'cv':
+    lr_search.check_folds(config.cv_folds, NUM_POINTS, 'the Levy training set')
 
 
 def levy(x):
@@ -56,20 +69,28 @@ def boundary_points(method: str, variables, x_train) -> jax.Array:
   return analysis.boundary_location(layer, method)[:, 0]
 
 
-def train(method: str, data, keys, c: ml_collections.ConfigDict, dtype) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped) with `experiments.lib.protocol.fit`: MAE,
-  the training loss monitored, the characteristic points recorded after every epoch."""
+def _setup(method: str, c: ml_collections.ConfigDict, lr: float, dtype):
+  """The model, the protocol's settings and the MAE loss `(variables, (x, y), member)`."""
   model = models.MLP(hidden=(c.hidden,), out=1, method=method,
                      gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)
-  x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test', 'y_test'))
-  lr = common.paper_lr(method, c.lr_gmp, c.lr_others)
   settings = protocol.Protocol(num_epochs=c.num_epochs, learning_rate=lr, monitor='loss',
                                mode='min', plateau_factor=c.plateau_factor,
                                plateau_patience=c.plateau_patience, stop_patience=c.stop_patience)
 
-  def mae(variables, batch, key):
+  def mae(variables, batch, member):
     pred, updates = models.apply_train(model, variables, batch[0])
     return jnp.mean(jnp.abs(pred - batch[1])), updates
+  return model, settings, mae
+
+
+def train(method: str, data, keys, c: ml_collections.ConfigDict, dtype,
+          lr: float | None = None) -> dict[str, Any]:
+  """Trains one method for every key in `keys` (vmapped) with `experiments.lib.protocol.fit`: MAE,
+  the training loss monitored, the characteristic points recorded after every epoch; at `lr`
+  (None: the config's rate of the method)."""
+  x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test', 'y_test'))
+  lr = common.paper_lr(method, c.lr_gmp, c.lr_others) if lr is None else lr
+  model, settings, mae = _setup(method, c, lr, dtype)
 
   def finalize(initial, final, key):
     pred = model.apply(final, x_test, train=False)
@@ -93,6 +114,33 @@ def train(method: str, data, keys, c: ml_collections.ConfigDict, dtype) -> dict[
     logging.warning('%s: non-finite test RMSE for seeds %s', method,
                     np.flatnonzero(~np.isfinite(out['rmse'])).tolist())
   return out
+
+
+def cross_validate(method: str, data, keys, c: ml_collections.ConfigDict, dtype,
+                   rates) -> dict[str, Any]:
+  """`lr_search.search` of `method` over `rates`: `c.cv_folds` folds of the training points
+  (seed `[c.seed, 1]`) x `rates` x `keys`, one `protocol.fit` call; a member trains on its
+  fold's fit part as `train` does and is scored by the RMSE on the held-out fold. Reads only
+  `x_train` and `y_train`."""
+  everything = np.arange(data['x_train'].shape[0])
+  held = lr_search.carve_folds(everything, c.cv_folds, seed=[c.seed, 1])
+  fits = lr_search.fit_parts(everything, held)
+  x, y = data['x_train'], data['y_train']
+  model, settings, mae = _setup(method, c, float(rates[0]), dtype)
+
+  def fit_grid(g):
+    members = dict(key=keys[g['seed']], lr=jnp.asarray(g['lr'], dtype),
+                   x=jnp.asarray(x[fits[g['fold']]]), y=jnp.asarray(y[fits[g['fold']]]),
+                   x_val=jnp.asarray(x[held[g['fold']]]), y_val=jnp.asarray(y[held[g['fold']]]))
+    out = protocol.fit(
+        settings, init=lambda m: model.init(m['key'], m['x'], train=False), loss=mae,
+        batches=lambda m, t: ((m['x'][None], m['y'][None]),), members=members,
+        learning_rate=lambda m: m['lr'],
+        finalize=lambda first, final, m: jnp.sqrt(jnp.mean(
+            (model.apply(final, m['x_val'], train=False) - m['y_val']) ** 2)))
+    return np.asarray(out['final'])
+
+  return lr_search.search(fit_grid, rates, c.cv_folds, len(keys), 'min')
 
 
 def check_claims(results) -> dict[str, str]:
@@ -240,11 +288,25 @@ def _run(c, workdir):
   data = make_data(c.seed, dtype)
   keys = jax.random.split(jax.random.key(c.seed), c.num_seeds)
   results = {}
+  use_cv = c.get('lr_selection', 'fixed') == 'cv'
+  rates = lr_search.parse_grid(c.lr_grid) if use_cv else ()
+  selections, at_cv = {}, {}
   t_start = time.perf_counter()
   for m in models.check_methods(validate.split_names(c.methods)):
     results[m] = r = train(m, data, keys, c, dtype)
     print(f'[levy_1d] {m}: test RMSE {np.mean(r["rmse"]):.4f} ({r["seconds"]:.1f} s incl. '
           'compile)', flush=True)
+    if use_cv:
+      t0 = time.perf_counter()
+      selections[m] = s = cross_validate(m, data, keys, c, dtype, rates)['selections'][0]
+      fixed_lr = common.paper_lr(m, c.lr_gmp, c.lr_others)
+      # The same rate, keys and data as the fixed run: the same computation, so it is reused.
+      at_cv[m] = (r if s.rate == fixed_lr else train(m, data, keys, c, dtype, lr=s.rate)
+                  if s.index >= 0 else None)
+      test = at_cv[m]['rmse'] if at_cv[m] is not None else np.full(len(keys), np.nan)
+      print(f'[levy_1d] {m}: CV chose lr {s.rate:g} (val RMSE by lr: '
+            f'{", ".join(f"{v:.4f}" for v in s.scores)}); test RMSE {np.mean(test):.4f} '
+            f'({time.perf_counter() - t0:.1f} s incl. compile)', flush=True)
   dphi = lambda r: r['trace']['max_dphi']
   spectra = lambda r: spectrum_steps(r['epochs_run'][0])
   summary = report.collect(
@@ -259,9 +321,38 @@ def _run(c, workdir):
       [({'method': m}, r) for m, r in results.items()], 'seed_index',
       test_rmse=lambda r: r['rmse'], epochs_run=lambda r: r['epochs_run'],
       max_abs_dphi=lambda r: np.nanmax(dphi(r), axis=1))
+  table, claims = summarize(results), check_claims(results)
+  if use_cv:
+    nan = np.full(len(keys), np.nan)
+    test_cv = {m: (s.rate, at_cv[m]['rmse'] if at_cv[m] is not None else nan)
+               for m, s in selections.items()}
+    test_fixed = {m: (common.paper_lr(m, c.lr_gmp, c.lr_others), r['rmse'])
+                  for m, r in results.items()}
+    summary['cv'] = dict(
+        lr_grid=list(rates), cv_folds=c.cv_folds, **lr_search.summary(selections, rates),
+        score='validation RMSE, mean over folds and seeds; ties: the smaller rate; a rate with a '
+        'non-finite fold is never chosen',
+        test_rmse={m: report.mean_se(v)[0] for m, (_, v) in test_cv.items()},
+        test_rmse_se={m: report.mean_se(v)[1] for m, (_, v) in test_cv.items()},
+        per_seed={m: v for m, (_, v) in test_cv.items()})
+    rows = [dict(row, lr_selection='fixed', lr=test_fixed[row['method']][0]) for row in rows] + [
+        dict(method=m, seed_index=i, test_rmse=v[i], epochs_run=at_cv[m]['epochs_run'][i]
+             if at_cv[m] is not None else -1,
+             max_abs_dphi=np.nanmax(dphi(at_cv[m])[i]) if at_cv[m] is not None else np.nan,
+             lr_selection='cv', lr=rate)
+        for m, (rate, v) in test_cv.items() for i in range(len(keys))]
+    table += ('\n\nLearning rate by cross-validation (paper 002, Appendix C): '
+              f'{c.cv_folds} folds of the training points x {len(keys)} seeds per rate, then '
+              'all training points at the chosen rate (bold: the chosen score):\n\n'
+              + lr_search.markdown(selections, rates, 'RMSE', test_fixed, test_cv))
+    claims[lr_search.PAPER_CLAIM] = lr_search.paper_claim(
+        {m: s.rate for m, s in selections.items()})
+    best = min(test_cv, key=lambda m: np.mean(test_cv[m][1]))
+    claims['GmP has the lowest test RMSE at the CV-chosen rates'] = report.claim(
+        best.startswith('gmp'), f'lowest: {best} {np.mean(test_cv[best][1]):.4f}',
+        *(v for _, v in test_cv.values()))
   figures = plot(results, data, workdir) + plot_spectra(results, data, workdir) if c.plots else []
-  summary = report.write(workdir, 'levy_1d', summary=summary, rows=rows, table=summarize(results),
-                         claims=check_claims(results), config=c, started=t_start,
-                         figures=figures)
+  summary = report.write(workdir, 'levy_1d', summary=summary, rows=rows, table=table,
+                         claims=claims, config=c, started=t_start, figures=figures)
   return {'summary': summary, 'results': results}
 
