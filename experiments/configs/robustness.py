@@ -13,8 +13,8 @@ divergence rule and the statistics: `experiments/studies/robustness.py`.
 
   python -m experiments.main --config=experiments/configs/robustness.py --workdir=/tmp/rob
 
-`smoke`: levy, banana and yacht, 3 rates x 2 scales (+ careless) x 2 seeds, widths 8 and 16,
-40 epochs (well under a minute on 2 cores):
+`smoke`: levy, banana and yacht, SP and GmP, 3 rates x 2 scales (+ careless) x 2 seeds,
+widths 8 and 16, 40 epochs (12 compiled fits; about a minute on 2 busy cores):
 
   python -m experiments.main --config=experiments/configs/robustness.py:smoke \
       --workdir=/tmp/rob_smoke
@@ -54,6 +54,7 @@ def get_config(arg=None):
   c.plots = True
   if arg.smoke:
     c.datasets = 'levy,banana,yacht'
+    c.methods = 'sp,gmp'
     c.learning_rates = (0.01, 0.1, 1.0)
     c.init_scales = (1.0, 10.0)
     c.widths = (8, 16)

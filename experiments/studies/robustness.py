@@ -336,7 +336,7 @@ def sensitivity(losses, initial) -> float:
   cell beats its initial loss). `initial`: a scalar or one value per cell; a cell whose loss
   and initial value are both non-finite is left out. NaN only if no loss is finite.
 
-  >>> sensitivity([0.5, 0.2, float('nan'), 3.0], 1.0)  # (0.3 + 0 + 0.8 + 0.8) / 4
+  >>> round(sensitivity([0.5, 0.2, float('nan'), 3.0], 1.0), 9)  # (0.3 + 0 + 0.8 + 0.8) / 4
   0.475
   >>> sensitivity([float('nan'), float('inf')], 1.0)
   nan
@@ -485,6 +485,15 @@ def _plot_curve(ax, xs, cells, key, color, label, top=None):
     ax.plot(np.asarray(xs)[bad], shown[bad], 'x', ms=8, mew=2, color=color)
 
 
+def _plain_log_axis(axis) -> None:
+  """Plain numbers (0.5, 2, 30) on a log axis, major and minor ticks."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  plain = ticker.FuncFormatter(lambda v, _: f'{v:g}')
+  axis.set_major_formatter(plain)
+  axis.set_minor_formatter(ticker.FuncFormatter(
+      lambda v, _: f'{v:g}' if f'{v:.1g}'[0] in '25' else ''))
+
+
 def _top(values, ratio: float = 30.0) -> float:
   """An upper y limit for a log plot of positive `values`: at most `ratio` x their smallest."""
   v = np.asarray(values, np.float64)
@@ -497,7 +506,7 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
   """lr_<d>.png, heatmap_<d>.png and width_<d>.png of one dataset (`cells` its records,
   `analysis` method -> `analyze`'s dict, `n` seeds per cell; see the module docstring)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from matplotlib import colors  # pylint: disable=g-import-not-at-top
+  from matplotlib import colors, ticker  # pylint: disable=g-import-not-at-top
 
   at = {(x['method'], x['width'], x['lr'], x['scale']): x for x in cells}
   figures = []
@@ -516,6 +525,7 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
     if top is not None:
       ax.set_yscale('log')
       ax.set_ylim(top=top)
+      _plain_log_axis(ax.yaxis)
     ax.set_xlabel('Adam learning rate')
   axes[0].set_ylabel(f'test {metric}' + (' (higher is better)' if metric == 'accuracy' else ''))
   axes[0].set_title(f'test {metric}, mean +- s.e. over {n} seeds', fontsize=10)
@@ -583,6 +593,8 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
   if log_metric:
     ax.set_yscale('log')
     ax.set_ylim(top=_top(values))
+    _plain_log_axis(ax.yaxis)
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
   ax.set_xticks(widths)
   ax.set_xticklabels([str(w) for w in widths])
   ax.set_xlabel('hidden width')
