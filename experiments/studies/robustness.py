@@ -183,7 +183,7 @@ def rescale(variables, method: str, scale, careless, key):
   `careless`) replaced by the careless N(0, 1) init (see the module docstring); traceable, so
   `scale` and `careless` may differ per vmapped member."""
   kind = models.PARAMETERIZATIONS[method].weights
-  params = jax.tree.map(lambda a: a, dict(variables['params']))  # a copy to edit
+  params = dict(variables['params'])  # a shallow copy: edited layers are new dicts
   pick = lambda new, old: jnp.where(careless, new, old).astype(old.dtype)
   for i, name in enumerate(_hidden_names(params)):
     layer = dict(params[name])
@@ -648,8 +648,9 @@ def _run(c, workdir):
         for j, (lr, s) in enumerate(grid):
           mine.append(cell_summary(d, m, w, lr, s, r, j))
           rows += [dict(dataset=d, method=m, width=w, lr=lr, scale=s, seed_index=i,
-                        train_loss=r['train_loss'][j, i], train_loss_init=r['train_loss_init'][j, i],
-                        test_metric=r['test'][j, i], test_metric_init=r['test_init'][j, i],
+                        train_loss=r['train_loss'][j, i],
+                        train_loss_init=r['train_loss_init'][j, i], test_metric=r['test'][j, i],
+                        test_metric_init=r['test_init'][j, i],
                         diverged=bool(r['diverged'][j, i]), epochs_run=int(r['epochs_run'][j, i]))
                    for i in range(c.num_seeds)]
         timings.append(dict(dataset=d, method=m, width=w, members=len(grid) * c.num_seeds,
