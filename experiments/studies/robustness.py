@@ -567,8 +567,10 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
   bar = fig.colorbar(image, ax=list(axes[0]), extend='max' if log_metric else 'neither',
                      fraction=0.03, pad=0.02)
   bar.set_label(f'test {metric} (mean over {n} seeds)')
+  if log_metric:
+    _plain_log_axis(bar.ax.yaxis)
   fig.suptitle(f'{dataset}: test {metric} over learning rate x init scale, width {width} '
-               '(red x: diverged; grey: non-finite)', fontsize=10)
+               '(red x: diverged; grey: non-finite)', fontsize=10, y=1.03)
   fig.savefig(os.path.join(workdir, f'heatmap_{dataset}.png'), dpi=120, bbox_inches='tight')
   plt.close(fig)
   figures.append(f'heatmap_{dataset}.png')
