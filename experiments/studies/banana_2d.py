@@ -64,30 +64,37 @@ def make_data(x_all, y_all, seed: int, num_points: int = 1000, dtype=np.float64)
               x_test=prep(x[test]), y_test=y[test].astype(dtype)[:, None])
 
 
-def train(method: str, data, keys, c: ml_collections.ConfigDict, lr: float, dtype
-          ) -> dict[str, Any]:
-  """Trains one method for every key in `keys` (vmapped) with `experiments.lib.protocol.fit`: an
+def train(method: str, data, keys, c: ml_collections.ConfigDict, rates, dtype
+          ) -> dict[float, dict[str, Any]]:
+  """Trains one method at every rate of `rates` for every key in `keys`, all in ONE
+  `experiments.lib.protocol.fit` call (members: rates x keys, `fit(learning_rate=...)`): an
   epoch is the reshuffled full batches plus one step on the remainder, plateau and early
-  stopping watch the held-out accuracy, the hidden layer's boundaries are recorded every step."""
+  stopping watch the held-out accuracy, the hidden layer's boundaries are recorded every step.
+  A member's data order and initialization depend on its key only, so a rate's members are
+  the run of that rate alone. Returns `{rate: arrays with a leading seed axis}`."""
+  rates = [float(r) for r in rates]
   x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test', 'y_test'))
   n = x.shape[0]
   full, rest = divmod(n, c.batch_size)
-  model, settings, accuracy, bce = _setup(method, c, lr, dtype, n)
+  model, settings, accuracy, bce = _setup(method, c, rates[0], dtype, n)
+  members = {'key': jnp.concatenate([keys] * len(rates)),
+             'lr': jnp.repeat(jnp.asarray(rates, dtype), len(keys))}
 
-  def batches(key, t):
-    return _epoch(key, t, x, y, c.batch_size)
+  def batches(member, t):
+    return _epoch(member['key'], t, x, y, c.batch_size)
 
-  def finalize(initial, final, key):
+  def finalize(initial, final, member):
     return dict(test_acc=accuracy(final, x_test, y_test), train_acc=accuracy(final, x, y),
                 final_phi=analysis.boundary_location(models.hidden_layer(final, method), method))
 
   t0 = time.perf_counter()
   out = protocol.fit(
-      settings, init=lambda key: model.init(jax.random.split(key)[0], x, train=False), loss=bce,
-      batches=batches, members=keys, finalize=finalize,
-      evaluate=lambda variables, key: {'val_acc': accuracy(variables, x_test, y_test)},
-      hook=lambda variables, key: analysis.snapshot(models.hidden_layer(variables, method), method))
-  # Per-step tracks (seeds, epochs * steps_per_epoch + 1, hidden, 2), index 0 = initialization.
+      settings, init=lambda m: model.init(jax.random.split(m['key'])[0], x, train=False),
+      loss=lambda variables, batch, m: bce(variables, batch, m['key']),
+      batches=batches, members=members, finalize=finalize, learning_rate=lambda m: m['lr'],
+      evaluate=lambda variables, m: {'val_acc': accuracy(variables, x_test, y_test)},
+      hook=lambda variables, m: analysis.snapshot(models.hidden_layer(variables, method), method))
+  # Per-step tracks (members, epochs * steps_per_epoch + 1, hidden, 2), index 0 = initialization.
   track, variables = out['track'], out['variables']
   changes = models.boundary_changes(out['logs']['active'], track.location, track.direction,
                                     steps_per_epoch=full + (rest > 0))
@@ -95,9 +102,11 @@ def train(method: str, data, keys, c: ml_collections.ConfigDict, lr: float, dtyp
              final_lr=out['final_lr'], locations=track.location, final_params=variables['params'],
              final_others={k: v for k, v in variables.items() if k != 'params'})
   out = jax.tree.map(np.asarray, out)
-  out.update(seconds=time.perf_counter() - t0, steps_per_epoch=full + (rest > 0), model=model,
-             lr=lr)
-  return out
+  seconds = time.perf_counter() - t0
+  s = len(keys)
+  return {lr: dict(jax.tree.map(lambda a, i=i: a[i * s:(i + 1) * s], out), seconds=seconds,
+                   steps_per_epoch=full + (rest > 0), model=model, lr=lr)
+          for i, lr in enumerate(rates)}
 
 
 def _setup(method: str, c: ml_collections.ConfigDict, lr: float, dtype, n: int):
@@ -358,12 +367,13 @@ def _run(c, workdir, methods, x_all, y_all):
   rates = sorted({c.lr_gmp, c.lr_others}) if c.compare_rates else []
   runs: dict[float, dict[str, Any]] = {}
   t_start = time.perf_counter()
-  for m in methods:
-    for lr in rates or [common.paper_lr(m, c.lr_gmp, c.lr_others)]:
-      runs.setdefault(lr, {})[m] = r = train(m, data, keys, c, lr, dtype)
+  for m in methods:  # a method's rates train together, in one compiled call
+    for lr, r in train(m, data, keys, c, rates or [common.paper_lr(m, c.lr_gmp, c.lr_others)],
+                       dtype).items():
+      runs.setdefault(lr, {})[m] = r
       print(f'[banana_2d] {m} lr {lr:g}: test accuracy {np.mean(r["test_acc"]):.4f}, max angle '
             f'change {np.nanmax(r["max_dtheta_deg"]):.2f} deg ({r["seconds"]:.1f} s incl. '
-            'compile)', flush=True)
+            'compile, all rates)', flush=True)
   chosen = {m: runs[common.paper_lr(m, c.lr_gmp, c.lr_others)][m] for m in methods}
   use_cv = c.get('lr_selection', 'fixed') == 'cv'
   rates_cv = lr_search.parse_grid(c.lr_grid) if use_cv else ()
@@ -373,7 +383,7 @@ def _run(c, workdir, methods, x_all, y_all):
     selections[m] = s = cross_validate(m, data, keys, c, dtype, rates_cv)['selections'][0]
     # A run at the same rate (same keys and data) is the same computation: reused.
     at_cv[m] = (None if s.index < 0 else runs[s.rate][m] if m in runs.get(s.rate, {}) else
-                train(m, data, keys, c, s.rate, dtype))
+                train(m, data, keys, c, [s.rate], dtype)[s.rate])
     test = at_cv[m]['test_acc'] if at_cv[m] is not None else np.full(len(keys), np.nan)
     print(f'[banana_2d] {m}: CV chose lr {s.rate:g} (val accuracy by lr: '
           f'{", ".join(f"{v:.4f}" for v in s.scores)}); test accuracy {np.mean(test):.4f} '
