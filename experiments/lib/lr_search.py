@@ -270,3 +270,33 @@ def markdown(selections: dict[str, Selection], rates, metric: str, fixed: dict[s
   return report.markdown_table(
       ['method', 'CV lr', *(f'val {metric} lr {r:g}' for r in rates),
        f'test {metric} at the CV lr', f'test {metric} at the fixed lr'], rows)
+
+
+def seed_report(selections: dict[str, Selection], rates, *, folds: int, seeds: int, metric: str,
+                key: str, mode: str, score: str, fixed: dict[str, tuple],
+                chosen: dict[str, tuple]) -> tuple[dict, str, dict[str, str]]:
+  """What a study whose seeds share one split (Levy, Banana) reports of its CV: results.json's
+  `cv` entry, the markdown to append to its table and its two claims.
+
+  `metric`: the test metric's name in text (`'RMSE'`); `key`: its results.json key
+  (`'test_rmse'`); `mode`: `'min'` or `'max'` (better); `score`: how a rate was scored, in
+  words; `fixed`, `chosen`: method -> `(rate, test metric per seed)` at the fixed and the CV
+  rates (NaN values where no rate was finite).
+  """
+  from experiments.lib import report  # pylint: disable=g-import-not-at-top
+  cv = dict(lr_grid=list(rates), cv_folds=folds, **summary(selections, rates), score=score,
+            **{key: {m: report.mean_se(v)[0] for m, (_, v) in chosen.items()},
+               f'{key}_se': {m: report.mean_se(v)[1] for m, (_, v) in chosen.items()}},
+            per_seed={m: v for m, (_, v) in chosen.items()})
+  table = ('\n\nLearning rate by cross-validation (paper 002, Appendix C): '
+           f'{folds} folds of the training points x {seeds} seeds per rate, then all training '
+           'points at the chosen rate (bold: the chosen score):\n\n'
+           + markdown(selections, rates, metric, fixed, chosen))
+  pick = max if mode == 'max' else min
+  best = pick(chosen, key=lambda m: np.mean(chosen[m][1]))
+  word = 'highest' if mode == 'max' else 'lowest'
+  claims = {PAPER_CLAIM: paper_claim({m: s.rate for m, s in selections.items()}),
+            f'GmP has the {word} test {metric} at the CV-chosen rates': report.claim(
+                best.startswith('gmp'), f'{word}{" mean" if mode == "max" else ""}: {best} '
+                f'{np.mean(chosen[best][1]):.4f}', *(v for _, v in chosen.values()))}
+  return cv, table, claims

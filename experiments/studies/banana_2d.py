@@ -420,13 +420,11 @@ def _run(c, workdir, methods, x_all, y_all):
                for m, s in selections.items()}
     test_fixed = {m: (common.paper_lr(m, c.lr_gmp, c.lr_others), r['test_acc'])
                   for m, r in chosen.items()}
-    summary['cv'] = dict(
-        lr_grid=list(rates_cv), cv_folds=c.cv_folds, **lr_search.summary(selections, rates_cv),
+    summary['cv'], cv_table, cv_claims = lr_search.seed_report(
+        selections, rates_cv, folds=c.cv_folds, seeds=len(keys), metric='accuracy',
+        key='test_accuracy', mode='max', fixed=test_fixed, chosen=test_cv,
         score='validation accuracy (monitored and scored on the held-out fold), mean over folds '
-        'and seeds; ties: the smaller rate; a rate with a non-finite fold is never chosen',
-        test_accuracy={m: report.mean_se(v)[0] for m, (_, v) in test_cv.items()},
-        test_accuracy_se={m: report.mean_se(v)[1] for m, (_, v) in test_cv.items()},
-        per_seed={m: v for m, (_, v) in test_cv.items()})
+        'and seeds; ties: the smaller rate; a rate with a non-finite fold is never chosen')
     rows = [dict(row, lr_selection='fixed') for row in rows] + [
         dict(method=m, lr=rate, protocol_rate=False, seed_index=i, test_accuracy=v[i],
              train_accuracy=at_cv[m]['train_acc'][i] if at_cv[m] is not None else np.nan,
@@ -436,16 +434,8 @@ def _run(c, workdir, methods, x_all, y_all):
              max_location_change=np.nanmax(at_cv[m]['max_dphi'][i])
              if at_cv[m] is not None else np.nan, lr_selection='cv')
         for m, (rate, v) in test_cv.items() for i in range(len(keys))]
-    table += ('\n\nLearning rate by cross-validation (paper 002, Appendix C): '
-              f'{c.cv_folds} folds of the training points x {len(keys)} seeds per rate, then '
-              'all training points at the chosen rate (bold: the chosen score):\n\n'
-              + lr_search.markdown(selections, rates_cv, 'accuracy', test_fixed, test_cv))
-    claims[lr_search.PAPER_CLAIM] = lr_search.paper_claim(
-        {m: s.rate for m, s in selections.items()})
-    best = max(test_cv, key=lambda m: np.mean(test_cv[m][1]))
-    claims['GmP has the highest test accuracy at the CV-chosen rates'] = report.claim(
-        best.startswith('gmp'), f'highest mean: {best} {np.mean(test_cv[best][1]):.4f}',
-        *(v for _, v in test_cv.values()))
+    table += cv_table
+    claims.update(cv_claims)
   figures = plot(runs, chosen, data, workdir) if c.plots else []
   config = dict(c.to_dict(), methods=list(methods),
                 validation='held-out 20% (also the test set, as in the reference code)')

@@ -328,29 +328,19 @@ def _run(c, workdir):
                for m, s in selections.items()}
     test_fixed = {m: (common.paper_lr(m, c.lr_gmp, c.lr_others), r['rmse'])
                   for m, r in results.items()}
-    summary['cv'] = dict(
-        lr_grid=list(rates), cv_folds=c.cv_folds, **lr_search.summary(selections, rates),
-        score='validation RMSE, mean over folds and seeds; ties: the smaller rate; a rate with a '
-        'non-finite fold is never chosen',
-        test_rmse={m: report.mean_se(v)[0] for m, (_, v) in test_cv.items()},
-        test_rmse_se={m: report.mean_se(v)[1] for m, (_, v) in test_cv.items()},
-        per_seed={m: v for m, (_, v) in test_cv.items()})
+    summary['cv'], cv_table, cv_claims = lr_search.seed_report(
+        selections, rates, folds=c.cv_folds, seeds=len(keys), metric='RMSE', key='test_rmse',
+        mode='min', fixed=test_fixed, chosen=test_cv,
+        score='validation RMSE, mean over folds and seeds; ties: the smaller rate; a rate with '
+        'a non-finite fold is never chosen')
     rows = [dict(row, lr_selection='fixed', lr=test_fixed[row['method']][0]) for row in rows] + [
         dict(method=m, seed_index=i, test_rmse=v[i], epochs_run=at_cv[m]['epochs_run'][i]
              if at_cv[m] is not None else -1,
              max_abs_dphi=np.nanmax(dphi(at_cv[m])[i]) if at_cv[m] is not None else np.nan,
              lr_selection='cv', lr=rate)
         for m, (rate, v) in test_cv.items() for i in range(len(keys))]
-    table += ('\n\nLearning rate by cross-validation (paper 002, Appendix C): '
-              f'{c.cv_folds} folds of the training points x {len(keys)} seeds per rate, then '
-              'all training points at the chosen rate (bold: the chosen score):\n\n'
-              + lr_search.markdown(selections, rates, 'RMSE', test_fixed, test_cv))
-    claims[lr_search.PAPER_CLAIM] = lr_search.paper_claim(
-        {m: s.rate for m, s in selections.items()})
-    best = min(test_cv, key=lambda m: np.mean(test_cv[m][1]))
-    claims['GmP has the lowest test RMSE at the CV-chosen rates'] = report.claim(
-        best.startswith('gmp'), f'lowest: {best} {np.mean(test_cv[best][1]):.4f}',
-        *(v for _, v in test_cv.values()))
+    table += cv_table
+    claims.update(cv_claims)
   figures = plot(results, data, workdir) + plot_spectra(results, data, workdir) if c.plots else []
   summary = report.write(workdir, 'levy_1d', summary=summary, rows=rows, table=table,
                          claims=claims, config=c, started=t_start, figures=figures)
