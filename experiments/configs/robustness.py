@@ -10,9 +10,10 @@ in one vmapped `experiments.lib.protocol.fit` call. Datasets: `levy` (paper 002 
 and any UCI file of the data directory (one 80/20 split, full-batch Adam, MAE, test RMSE),
 and `cifar10`: a small CNN (conv w, pool, conv 2w, pool, global average pool, Dense; 'width'
 is w, the first conv's channels) trained with SGD + momentum 0.9 and the softmax
-cross-entropy on a reduced CIFAR-10 (the `cifar_*` fields: by default 2000 training and 1000
-test images of the data directory's archive, w = 8, 4 epochs, batch 100, float32; test
-accuracy). A CNN grid whose estimated memory exceeds `cifar_memory_gb` is refused before any
+cross-entropy on a reduced CIFAR-10 (the `cifar_*` fields: by default 1000 training and 1000
+test images of the data directory's archive, 2x2-averaged to 16x16, w = 8, widths 4, 8, 16, 3
+epochs, batch 50, float32; test accuracy; the default grid, 4 methods, in tens of minutes on 2
+cores). A CNN grid whose estimated memory exceeds `cifar_memory_gb` is refused before any
 work. What "init scale" means per method, the divergence rule and the statistics:
 `experiments/studies/robustness.py`.
 
@@ -24,8 +25,9 @@ widths 8 and 16, 40 epochs (12 compiled fits; about a minute on 2 busy cores):
   python -m experiments.main --config=experiments/configs/robustness.py:smoke \
       --workdir=/tmp/rob_smoke
 
-`cifar10`: the CNN alone, longer (5000 training images, w = 16, 10 epochs; SP, WN, BN, GmP,
-GmP+IMN; 7 rates x 3 scales (+ careless) x 2 seeds, widths 8, 16, 32):
+`cifar10`: the CNN alone, longer (5000 training images at 32x32, w = 16, 10 epochs, batch
+100; SP, WN, BN, GmP, GmP+IMN; 7 rates x 3 scales (+ careless) x 2 seeds, widths 8, 16, 32;
+an estimated ~20 h on 2 cores, not run here: a config for a bigger machine):
 
   python -m experiments.main --config=experiments/configs/robustness.py:cifar10 \
       --workdir=/tmp/rob_cifar10

@@ -32,14 +32,15 @@ SGD with momentum `cifar_momentum` (0.9), no weight decay, softmax cross-entropy
 `cifar_epochs` epochs (plateau x0.1 after 3 flat epochs, stop after 6, on the training loss),
 always in float32. Data: `experiments.data.cifar_arrays` (the offline JPEG archive of the data
 directory), standardized per channel, a fixed random subset of `cifar_train_examples` training
-and `cifar_test_examples` test images (seed `seed`). Test metric: accuracy (evaluation mode:
+and `cifar_test_examples` test images (seed `seed`), averaged over `cifar_downsample` x
+`cifar_downsample` pixel blocks (default 2: 16x16 images, 4x less compute; 1: 32x32). Test metric: accuracy (evaluation mode:
 BN's running statistics), in chunks of the batch size; the final training loss is the mean of
 training-mode losses over the training set in batches (a last partial batch left out).
 Memory: before any work (`check_data`) the study estimates a CNN fit's memory, the activations
 of one vmapped chunk of members (batch x the layers' feature maps x `CNN_COPIES` x 4 bytes per
 member) plus every member's parameters, optimizer state and copies and the training images,
 and refuses a grid over `cifar_memory_gb` with the size; below it members train in chunks whose
-activations stay under `CNN_CHUNK_BYTES`.
+activations stay under `CNN_CHUNK_BYTES` (0: one member at a time, the fastest on the CPU).
 
 What "init scale" multiplies (the hidden layers, or the CNN's conv layers; the output layer
 keeps its init in every method, so a method's scale changes only its parameterized layers; the
