@@ -18,6 +18,7 @@ from experiments.configs import validate
 from experiments.lib import models
 from experiments.studies import banana_2d
 from experiments.studies import robustness as rob
+from tests import fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
@@ -158,6 +159,38 @@ def test_a_tiny_run_through_main_writes_every_cell(tmp_path):
   assert out['summary']['metrics'] == {'yacht': 'rmse'}
 
 
+def test_the_cifar10_cnn_through_main_writes_every_cell(tmp_path):
+  """The CNN on a fake CIFAR-10 archive (3 classes, 8x8 images): every cell in results.json."""
+  data_dir = tmp_path / 'data'
+  fixtures.write_fake_jpeg_archive(str(data_dir), num_classes=3, train_per_class=6,
+                                   test_per_class=2, size=8)
+  workdir = tmp_path / 'rob'
+  out = main.run_study('robustness', str(workdir), 'smoke', datasets='cifar10',
+                       data_dir=str(data_dir), cache_dir=str(tmp_path / 'cache'),
+                       methods='gmp_imn', learning_rates=(0.1, 3.0), init_scales=(1.0,),
+                       cifar_width=2, cifar_widths=(2,), cifar_batch_size=6, cifar_epochs=2,
+                       cifar_train_examples=0, cifar_test_examples=0, plots=False)
+  with open(workdir / 'results.json') as f:
+    summary = json.load(f)
+  keys = {(x['dataset'], x['method'], x['width'], x['lr'], str(x['scale']))
+          for x in summary['cells']}
+  expected = {('cifar10', 'gmp_imn', 2, lr, s) for lr in (0.1, 3.0) for s in ('1.0', 'careless')}
+  assert keys == expected and len(summary['cells']) == 4
+  for x in summary['cells']:
+    assert 0.0 <= x['test_metric'] <= 1.0 and 0.0 <= x['test_metric_init'] <= 1.0
+    assert x['epochs_run'] == 2
+  at = {(x['lr'], str(x['scale'])): x for x in summary['cells']}
+  assert math.isfinite(at[(0.1, '1.0')]['train_loss'])
+  # 3 classes: the initial cross-entropy of the default init (r = 1) is near ln 3.
+  assert 0.5 < at[(0.1, '1.0')]['train_loss_init'] < 3.0
+  # The careless N(0, 1) conv kernels (GmP: r = |w|) start from another function.
+  assert at[(0.1, 'careless')]['train_loss_init'] != at[(0.1, '1.0')]['train_loss_init']
+  with open(workdir / 'results.csv') as f:
+    assert len(f.read().strip().splitlines()) == 1 + 4 * 2  # a row per seed
+  assert out['summary']['metrics'] == {'cifar10': 'accuracy'}
+  assert out['runs'][('cifar10', 'gmp_imn', 2)]['train_loss'].shape == (4, 2)
+
+
 BAD = [
   (dict(learning_rates=()), '--config.learning_rates=(): must be a tuple of finite numbers > 0'),
   (dict(learning_rates=(0.1, -1.0)), 'must be a tuple of finite numbers > 0'),
@@ -167,7 +200,9 @@ BAD = [
   (dict(widths=()), '--config.widths=(): must be a tuple of ints >= 1'),
   (dict(widths=(0, 10)), 'must be a tuple of ints >= 1'),
   (dict(methods='sp,gmq'), "(did you mean 'gmp'?)"),
-  (dict(datasets='levy,cifar10'), 'cifar10 (the CNN part of issue 27) is not built yet'),
+  (dict(datasets='levy,cifar10', cifar_widths=(4096,)),
+   'the cifar10 CNN grid at width 4096 (6 members, batch 50, 400 images) needs about'),
+  (dict(datasets='cifar10', cifar_train_examples=10), 'cifar_batch_size=50: more than the 10'),
   (dict(datasets='levy,yachtt'), "unknown datasets ['yachtt']"),
   (dict(datasets='levy,banana', data_dir='/nonexistent'), 'banana.csv not found'),
 ]
@@ -186,7 +221,8 @@ def test_the_command_line_exits_2_with_one_line_and_creates_nothing(tmp_path):
   proc = subprocess.run(
       [sys.executable, '-m', 'experiments.main',
        '--config=experiments/configs/robustness.py:smoke', f'--workdir={tmp_path / "w"}',
-       '--config.datasets=levy,cifar10'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+       '--config.datasets=levy,cifar10', '--config.cifar_widths=(4096,)'], cwd=ROOT,
+      capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert proc.stderr.strip().count('\n') == 0 and 'not built yet' in proc.stderr, proc.stderr
+  assert proc.stderr.strip().count('\n') == 0 and 'GiB' in proc.stderr, proc.stderr
   assert not (tmp_path / 'w').exists()

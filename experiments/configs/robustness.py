@@ -7,9 +7,14 @@ at the dataset's paper width, and a grid of learning rates x hidden widths at th
 init; several initialization seeds per cell. All cells of one (dataset, method, width) train
 in one vmapped `experiments.lib.protocol.fit` call. Datasets: `levy` (paper 002 Sec. 3.5:
 50 points, full-batch Adam, MAE), `banana` (1000 points, Adam batch 128, BCE, test accuracy)
-and any UCI file of the data directory (one 80/20 split, full-batch Adam, MAE, test RMSE).
-The CIFAR-10 CNN part of issue 27 is not built yet. What "init scale" means per method, the
-divergence rule and the statistics: `experiments/studies/robustness.py`.
+and any UCI file of the data directory (one 80/20 split, full-batch Adam, MAE, test RMSE),
+and `cifar10`: a small CNN (conv w, pool, conv 2w, pool, global average pool, Dense; 'width'
+is w, the first conv's channels) trained with SGD + momentum 0.9 and the softmax
+cross-entropy on a reduced CIFAR-10 (the `cifar_*` fields: by default 1000 training and 1000
+test images of the data directory's archive, 2x2-averaged to 16x16, w = 8, widths 4, 8, 16, 3
+epochs, batch 50, float32; test accuracy; the default grid, 4 methods: 670.7 s on 2 cores). A CNN grid whose estimated memory exceeds `cifar_memory_gb` is refused before any
+work. What "init scale" means per method, the divergence rule and the statistics:
+`experiments/studies/robustness.py`.
 
   python -m experiments.main --config=experiments/configs/robustness.py --workdir=/tmp/rob
 
@@ -18,6 +23,15 @@ widths 8 and 16, 40 epochs (12 compiled fits; about a minute on 2 busy cores):
 
   python -m experiments.main --config=experiments/configs/robustness.py:smoke \
       --workdir=/tmp/rob_smoke
+
+`cifar10`: the CNN alone, longer (5000 training images at 32x32, w = 16, 10 epochs, batch
+100; SP, WN, BN, GmP, GmP+IMN; 7 rates x 3 scales (+ careless) x 2 seeds, widths 8, 16, 32;
+an estimated ~20 h on 2 cores, not run here: a config for a bigger machine):
+
+  python -m experiments.main --config=experiments/configs/robustness.py:cifar10 \
+      --workdir=/tmp/rob_cifar10
+
+The CNN at smoke size (seconds): `:smoke --config.datasets=cifar10`.
 
 Any field on the command line, e.g. `--config.datasets=levy,yacht --config.methods=sp,gmp
 --config.learning_rates="(0.001,0.01,0.1,1.0)" --config.widths="(10,100)"`.
@@ -30,7 +44,7 @@ from experiments.configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, smoke=False)
+  arg = common.parse_arg(arg, smoke=False, cifar10=False)
   c = ml_collections.ConfigDict()
   c.study = 'robustness'
   c.data_dir = config_dict.placeholder(str)  # holds banana.csv and uci/ (None: $GEOPARAM_DATA_DIR)
@@ -52,6 +66,31 @@ def get_config(arg=None):
   c.diverge_factor = 2.0  # diverged: a non-finite loss, or final train loss > this x initial
   c.good_tolerance = 0.1  # the good rates: test error within this fraction of the best
   c.plots = True
+  # cifar10 (the CNN; the fields above but `datasets`, `methods`, the grids, `num_seeds`, `seed`,
+  # `diverge_factor` and `good_tolerance` are the MLP datasets' only).
+  c.cache_dir = config_dict.placeholder(str)  # decoded CIFAR-10 (None: ~/.cache/geoparam)
+  c.cifar_width = 8  # channels of the first conv (the second has 2x): the rate x scale grid
+  c.cifar_widths = (4, 8, 16)  # first-conv channels of the width sweep (careless init)
+  c.cifar_train_examples = 1000  # a fixed random subset (seed `seed`); 0: all 50000
+  c.cifar_test_examples = 1000  # 0: all 10000
+  c.cifar_epochs = 3
+  c.cifar_batch_size = 50
+  c.cifar_momentum = 0.9  # SGD's (paper 002's CNN optimizer)
+  c.cifar_downsample = 2  # f x f average pooling of the images (2: 16x16; 1: CIFAR's 32x32)
+  c.cifar_memory_gb = 8.0  # refuse a CNN grid whose estimated memory is above this
+  if arg.cifar10:
+    c.datasets = 'cifar10'
+    c.methods = 'sp,wn,bn,gmp,gmp_imn'
+    c.learning_rates = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+    c.init_scales = (0.3, 1.0, 3.0)
+    c.num_seeds = 2
+    c.cifar_width = 16
+    c.cifar_widths = (8, 16, 32)
+    c.cifar_train_examples = 5000
+    c.cifar_epochs = 10
+    c.cifar_batch_size = 100
+    c.cifar_downsample = 1
+    c.float64 = False
   if arg.smoke:
     c.datasets = 'levy,banana,yacht'
     c.methods = 'sp,gmp'
@@ -62,4 +101,10 @@ def get_config(arg=None):
     c.num_seeds = 2
     c.num_epochs = 40
     c.float64 = False
+    c.cifar_width = 4
+    c.cifar_widths = (4, 8)
+    c.cifar_train_examples = 400
+    c.cifar_test_examples = 200
+    c.cifar_epochs = 2
+    c.cifar_batch_size = 50
   return c

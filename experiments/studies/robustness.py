@@ -19,11 +19,32 @@ the data directory (one random 80/20 split of seed `seed`, features standardized
 training part, raw targets, full-batch Adam, MAE, test RMSE). Seeds vary the initialization
 only, so the standard errors are over initializations. LR x0.1 on a plateau and early
 stopping (best weights restored) keep each dataset's paper patience (`TASKS`) but watch the
-*training* loss for every dataset (no test-set selection), within `num_epochs`. The CIFAR-10
-CNN of issue 27 is not built yet (`datasets=cifar10` is refused).
+*training* loss for every dataset (no test-set selection), within `num_epochs`.
 
-What "init scale" multiplies (the hidden layers; the output layer keeps its Glorot init in
-every method, so a method's scale changes only its parameterized layers):
+`cifar10`: a small CNN, reduced by default (the `cifar_*` fields). `models.CNN` with layers
+`(w, 'M', 2w, 'M')`: two 3x3 'SAME' conv layers of the method (`conv_0`, `conv_1`; ReLU), each
+followed by 2x2 max pooling, then a global average pool and a plain Dense classifier. Its
+*width* is `w`, the channels of the first conv (the second has `2w`): `cifar_width` for the
+rate x scale grid, `cifar_widths` for the width sweep. Two conv layers, so GmP+IMN (IMN on
+`conv_1`'s input, paper 002's CNN rule) differs from GmP. Trained as the paper trains its CNNs:
+SGD with momentum `cifar_momentum` (0.9), no weight decay, softmax cross-entropy, minibatches of
+`cifar_batch_size` shuffled per seed and epoch (the last, smaller batch kept), for
+`cifar_epochs` epochs (plateau x0.1 after 3 flat epochs, stop after 6, on the training loss),
+always in float32. Data: `experiments.data.cifar_arrays` (the offline JPEG archive of the data
+directory), standardized per channel, a fixed random subset of `cifar_train_examples` training
+and `cifar_test_examples` test images (seed `seed`), averaged over `cifar_downsample` x
+`cifar_downsample` pixel blocks (default 2: 16x16 images, 4x less compute; 1: 32x32). Test metric: accuracy (evaluation mode:
+BN's running statistics), in chunks of the batch size; the final training loss is the mean of
+training-mode losses over the training set in batches (a last partial batch left out).
+Memory: before any work (`check_data`) the study estimates a CNN fit's memory, the activations
+of one vmapped chunk of members (batch x the layers' feature maps x `CNN_COPIES` x 4 bytes per
+member) plus every member's parameters, optimizer state and copies and the training images,
+and refuses a grid over `cifar_memory_gb` with the size; below it members train in chunks whose
+activations stay under `CNN_CHUNK_BYTES` (0: one member at a time, the fastest on the CPU).
+
+What "init scale" multiplies (the hidden layers, or the CNN's conv layers; the output layer
+keeps its init in every method, so a method's scale changes only its parameterized layers; the
+CNN's conv kernels start He-normal, `models.CNN`'s, instead of Glorot):
 
 - SP: the kernel (Glorot uniform; std `sqrt(2 / (fan_in + fan_out))`).
 - WN: the gain `g` (flax starts it at 1: unit-norm columns whatever `v`); `v` is left alone,
@@ -37,7 +58,8 @@ every method, so a method's scale changes only its parameterized layers):
 - 'careless': every method starts from the function of N(0, 1) hidden weights and zero
   biases (no 1/fan-in scaling): SP and BN kernel ~ N(0, 1); WN `v` the same draw and `g =
   |v|` per unit; GmP `theta` the direction of the draw (still uniform) and `r = |w|` per unit
-  (~ sqrt(fan_in)). Multipliers and careless draws use the same seeds.
+  (~ sqrt(fan_in)). Multipliers and careless draws use the same seeds. For a conv layer
+  "per unit" is per output channel and fan-in is `3 * 3 * channels in`.
 
 A member has *diverged* when its training loss was not finite in an epoch that ran, or its
 final training loss (whole training set, training mode) is not finite or above
@@ -75,14 +97,20 @@ import numpy as np
 import optax
 
 from experiments.configs import validate
-from experiments.data import uci_data
+from experiments.data import cifar_arrays, uci_data
 from experiments.lib import models, plotting, protocol, report
 from experiments.studies import banana_2d, levy_1d
 from geoparam import hyperspherical
 
 CARELESS = 'careless'  # the init-scale entry of the N(0, 1) init
-NOT_BUILT = ('cifar10',)  # issue 27's CNN part, refused with a note
+CIFAR = 'cifar10'  # the CNN dataset
 CHUNK_BYTES = 64 << 20  # hidden activations per vmapped chunk of members
+CNN_CHUNK_BYTES = 0  # estimated CNN activations per vmapped chunk of members; 0: one member
+# per chunk (on the 2-core CPU 4 vmapped members took 1.6x the time of 4 in turn: XLA's grouped
+# convolutions are slower than plain ones)
+CNN_COPIES = 4  # feature maps kept per conv layer and image (pre-activation, normalized,
+# activation, gradient): the memory estimate's factor
+CIFAR_SHAPE = (32, 32, 3)  # the memory estimate's image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +119,7 @@ class Task:
   paper's plateau and early-stopping patience (epochs)."""
   width: int
   batch_size: int | None
-  loss: str  # 'mae' or 'bce'
+  loss: str  # 'mae', 'bce' or 'ce' (softmax cross-entropy)
   metric: str  # 'rmse' (lower is better) or 'accuracy'
   plateau_patience: int
   stop_patience: int
@@ -99,11 +127,60 @@ class Task:
 
 TASKS = {'levy': Task(100, None, 'mae', 'rmse', 500, 1000),
          'banana': Task(10, 128, 'bce', 'accuracy', 50, 100),
-         'uci': Task(100, None, 'mae', 'rmse', 50, 100)}
+         'uci': Task(100, None, 'mae', 'rmse', 50, 100),
+         CIFAR: Task(16, 100, 'ce', 'accuracy', 3, 6)}  # width, batch: cifar_width, _batch_size
 
 
-def task_of(dataset: str) -> Task:
-  return TASKS.get(dataset, TASKS['uci'])
+def task_of(dataset: str, c=None) -> Task:
+  """`dataset`'s Task; cifar10's width and batch size from config `c` (when given)."""
+  task = TASKS.get(dataset, TASKS['uci'])
+  if dataset == CIFAR and c is not None:
+    task = dataclasses.replace(task, width=c.cifar_width, batch_size=c.cifar_batch_size)
+  return task
+
+
+def widths_of(dataset: str, c) -> tuple[int, list[int]]:
+  """`(width of the rate x scale grid, widths of the width sweep (that one included))`."""
+  if dataset == CIFAR:
+    return c.cifar_width, sorted(set(c.cifar_widths) | {c.cifar_width})
+  width = c.hidden or task_of(dataset).width
+  return width, sorted(set(c.widths) | {width})
+
+
+def cnn_layers(width: int) -> tuple[Any, ...]:
+  """The CIFAR-10 CNN's `models.CNN` layers at width `width` (the first conv's channels)."""
+  return (width, 'M', 2 * width, 'M')
+
+
+def cnn_memory(width: int, members: int, batch: int, images: int, num_classes: int = 10,
+               shape=CIFAR_SHAPE, itemsize: int = 4) -> dict[str, int]:
+  """Estimated bytes of one CNN fit (`members` members at `width`, float32): `member` (the
+  activations of one member's batch: every layer's feature maps x `CNN_COPIES`, the input
+  once), `chunk` (members per vmapped chunk: activations under `CNN_CHUNK_BYTES`, a divisor of
+  `members`), `fixed` (every member's parameters x 5: params, gradient, momentum, best and
+  initial copies; the training images) and `total` (`chunk * member + fixed`).
+
+  >>> m = cnn_memory(16, 6, 100, 5000)
+  >>> m['member'] == 100 * (3072 + 4 * (32 * 32 * 16 + 16 * 16 * 32) + 16 * 16 * 16 + 8 * 8 * 32) * 4
+  True
+  """
+  h, w, ch = shape
+  pixels = h * w * ch
+  side, floats, params = h * w, pixels, 0
+  for spec in cnn_layers(width):
+    if spec == 'M':
+      side //= 4
+      floats += side * ch
+    else:
+      params += 9 * ch * spec + 2 * spec
+      ch = spec
+      floats += CNN_COPIES * side * ch
+  params += ch * num_classes + num_classes
+  member = batch * floats * itemsize
+  fits = max(1, CNN_CHUNK_BYTES // max(1, member))
+  chunk = max(k for k in range(1, members + 1) if members % k == 0 and k <= fits)
+  fixed = (members * 5 * params + images * pixels) * itemsize
+  return dict(member=member, chunk=chunk, fixed=fixed, total=chunk * member + fixed)
 
 
 # ---------------------------------------------------------------------------
@@ -132,18 +209,49 @@ def _widths(v, config):
 
 CONFIG_RULES = {'datasets': validate.distinct_names, 'learning_rates': _grid,
                 'init_scales': _scales, 'widths': _widths, 'hidden': validate.integer(0),
-                'diverge_factor': validate.real(1.0), 'good_tolerance': validate.real(0.0)}
+                'diverge_factor': validate.real(1.0), 'good_tolerance': validate.real(0.0),
+                'cifar_width': validate.integer(1), 'cifar_widths': _widths,
+                'cifar_train_examples': validate.integer(0),
+                'cifar_test_examples': validate.integer(0),
+                'cifar_epochs': validate.integer(1), 'cifar_batch_size': validate.integer(1),
+                'cifar_momentum': validate.real(0.0, 1.0, open_high=True),
+                'cifar_memory_gb': validate.real(0.0, open_low=True),
+                'cifar_downsample': validate.integer(1)}
+
+
+def check_cnn_memory(config) -> None:
+  """Raises `validate.ConfigError` (one line, with the size) when a CIFAR-10 CNN fit of the
+  grid would need more than `cifar_memory_gb` (`cnn_memory`'s estimate), before any work."""
+  c = config
+  rates, scales = len(c.learning_rates), len(c.init_scales) + 1
+  images = c.cifar_train_examples or 50000
+  width, widths = widths_of(CIFAR, c)
+  for w in widths:
+    members = rates * (scales if w == width else 1) * c.num_seeds
+    side = CIFAR_SHAPE[0] // c.cifar_downsample
+    m = cnn_memory(w, members, c.cifar_batch_size, images, shape=(side, side, 3))
+    if m['total'] > c.cifar_memory_gb * 2 ** 30:
+      raise validate.ConfigError(
+          f'--config.cifar_memory_gb={c.cifar_memory_gb:g}: the cifar10 CNN grid at width {w} '
+          f'({members} members, batch {c.cifar_batch_size}, {images} images) needs about '
+          f'{m["total"] / 2 ** 30:.1f} GiB ({m["member"] / 2 ** 30:.2f} GiB of activations per '
+          f'member x {m["chunk"]} per chunk, {m["fixed"] / 2 ** 30:.2f} GiB of parameters, '
+          'optimizer states and images); lower cifar_width(s), cifar_batch_size, '
+          'cifar_train_examples, the grid or num_seeds, or raise cifar_memory_gb.')
 
 
 def check_data(config) -> None:
-  """Raises `validate.ConfigError` for a dataset not built here, or a missing or broken file."""
+  """Raises `validate.ConfigError` for a CNN grid too large, or a missing or broken file."""
   names = [n.lower() for n in validate.split_names(config.datasets)]
   flag = f'--config.datasets={config.datasets}'
-  for n in names:
-    if n in NOT_BUILT:
+  if CIFAR in names:
+    check_cnn_memory(config)
+    if 0 < config.cifar_train_examples < config.cifar_batch_size:
       raise validate.ConfigError(
-          f'{flag}: {n} (the CNN part of issue 27) is not built yet in the robustness study; '
-          'datasets: levy, banana and UCI files of the data directory.')
+          f'--config.cifar_batch_size={config.cifar_batch_size}: more than the '
+          f'{config.cifar_train_examples} training images (cifar_train_examples).')
+    if not config.get('download', False):
+      validate.check_cifar10(config.get('data_dir'))
   if 'banana' in names:
     banana_2d.check_data(config)
   uci = [n for n in names if n not in TASKS]
@@ -152,11 +260,27 @@ def check_data(config) -> None:
       uci_data.check_datasets(uci, config.get('data_dir'), config.get('download', False))
     except ValueError as e:
       message = str(e).removeprefix('--config.datasets: ')
-      raise validate.ConfigError(f'{flag}: {message} (or levy, banana)') from None
+      raise validate.ConfigError(f'{flag}: {message} (or levy, banana, cifar10)') from None
 
 
 def load_data(dataset: str, c, dtype) -> dict[str, np.ndarray]:
-  """`x_train, y_train, x_test, y_test` of `dataset` (targets `(rows, 1)`)."""
+  """`x_train, y_train, x_test, y_test` of `dataset` (targets `(rows, 1)`; cifar10: images
+  `(n, 32, 32, 3)`, integer labels `(n,)` and `num_classes`)."""
+  if dataset == CIFAR:
+    a = cifar_arrays.load_flat_arrays(c.data_dir, c.cifar_train_examples, c.cifar_test_examples,
+                                      c.seed, c.get('cache_dir'), c.download)
+    side = int(round(math.sqrt(a['x_train'].shape[1] / 3)))
+    if len(a['y_train']) < c.cifar_batch_size:
+      raise validate.ConfigError(
+          f'--config.cifar_batch_size={c.cifar_batch_size}: more than the '
+          f'{len(a["y_train"])} training images of the archive.')
+    f = c.cifar_downsample  # f x f average pooling of the (standardized) images
+    shrink = lambda x: x.reshape(-1, side // f, f, side // f, f, 3).mean(axis=(2, 4))
+    if side % f:
+      raise validate.ConfigError(f'--config.cifar_downsample={f}: does not divide the '
+                                 f'{side}x{side} images.')
+    return dict(x_train=shrink(a['x_train']), y_train=a['y_train'],
+                x_test=shrink(a['x_test']), y_test=a['y_test'], num_classes=a['num_classes'])
   if dataset == 'levy':
     return levy_1d.make_data(c.seed, dtype)
   if dataset == 'banana':
@@ -175,13 +299,16 @@ def load_data(dataset: str, c, dtype) -> dict[str, np.ndarray]:
 
 
 def _hidden_names(params) -> list[str]:
-  return sorted(n for n in params if n.startswith('hidden_') and n[7:].isdigit())
+  """`MLP`'s `hidden_{i}` and `CNN`'s `conv_{i}` layers."""
+  return sorted(n for n in params for p in ('hidden_', 'conv_')
+                if n.startswith(p) and n[len(p):].isdigit())
 
 
 def rescale(variables, method: str, scale, careless, key):
-  """`variables` of `models.MLP` with the hidden layers' init scaled by `scale`, or (where
-  `careless`) replaced by the careless N(0, 1) init (see the module docstring); traceable, so
-  `scale` and `careless` may differ per vmapped member."""
+  """`variables` of `models.MLP` (or `models.CNN`) with the hidden (conv) layers' init scaled by
+  `scale`, or (where `careless`) replaced by the careless N(0, 1) init (see the module
+  docstring); traceable, so `scale` and `careless` may differ per vmapped member. A conv
+  kernel's units are its output channels (last axis)."""
   kind = models.PARAMETERIZATIONS[method].weights
   params = dict(variables['params'])  # a shallow copy: edited layers are new dicts
   pick = lambda new, old: jnp.where(careless, new, old).astype(old.dtype)
@@ -207,7 +334,8 @@ def rescale(variables, method: str, scale, careless, key):
         layer['kernel'] = pick(w, kernel)
         wn = dict(params[f'{name}_wn'])
         g = wn[f'{name}/kernel/scale']
-        wn[f'{name}/kernel/scale'] = pick(jnp.linalg.norm(w, axis=0), scale * g)
+        norm = jnp.sqrt(jnp.sum(w ** 2, axis=tuple(range(w.ndim - 1))))
+        wn[f'{name}/kernel/scale'] = pick(norm, scale * g)
         params[f'{name}_wn'] = wn
     else:
       raise ValueError(f'method {method!r}: no init scale defined for weight kind {kind!r}.')
@@ -249,8 +377,61 @@ def train_cells(dataset: str, data, method: str, width: int, cells, c, dtype
   Returns per-member arrays shaped `(cells, seeds)`: `train_loss`, `train_loss_init` (whole
   training set, training mode), `test`, `test_init` (the test metric), `nonfinite` (a
   non-finite training loss in an epoch that ran), `diverged`, `epochs_run`; and `seconds`.
+  cifar10 trains the CNN (`width`: its first conv's channels) with SGD + momentum.
   """
-  task = task_of(dataset)
+  task = task_of(dataset, c)
+  if dataset == CIFAR:
+    parts = _cnn_parts(data, method, width, c, task, dtype)
+  else:
+    parts = _mlp_parts(data, method, width, c, task, dtype)
+  model, train_loss, whole_loss, metric, batches, example = parts
+
+  def init(member):
+    k_init, k_careless, _ = jax.random.split(member['key'], 3)
+    return rescale(model.init(k_init, example, train=False), method, member['scale'],
+                   member['careless'], k_careless)
+
+  def finalize(initial, final, member):
+    if dataset != CIFAR:
+      return dict(train_loss_init=whole_loss(initial), train_loss=whole_loss(final),
+                  test_init=metric(initial), test=metric(final))
+    # The CNN: both variable sets in one vmapped evaluation (one copy of the net to compile).
+    both = jax.tree.map(lambda a, b: jnp.stack([a, b]), initial, final)
+    loss, test = jax.vmap(lambda v: (whole_loss(v), metric(v)))(both)
+    return dict(train_loss_init=loss[0], train_loss=loss[1], test_init=test[0], test=test[1])
+
+  settings = protocol.Protocol(num_epochs=c.cifar_epochs if dataset == CIFAR else c.num_epochs,
+                               learning_rate=1.0, monitor='loss',
+                               mode='min', plateau_patience=task.plateau_patience,
+                               stop_patience=task.stop_patience)
+  members = members_of(cells, seed_keys(c.seed, c.num_seeds), dtype)
+  size = len(cells) * c.num_seeds
+  if dataset == CIFAR:
+    optimizer = lambda learning_rate: optax.sgd(learning_rate, momentum=c.cifar_momentum)
+    chunk = cnn_memory(width, size, task.batch_size, len(data['y_train']),
+                       int(data['num_classes']), data['x_train'].shape[1:])['chunk']
+  else:
+    optimizer = optax.adam
+    chunk = _chunk(size, task.batch_size or data['x_train'].shape[0], width,
+                   np.dtype(dtype).itemsize)
+  t0 = time.perf_counter()
+  out = protocol.fit(settings, init=init, loss=train_loss, batches=batches, members=members,
+                     finalize=finalize, optimizer=optimizer, learning_rate=lambda m: m['lr'],
+                     chunk=chunk)
+  logs = jax.tree.map(np.asarray, out['logs'])
+  result = {k: np.asarray(v, np.float64) for k, v in out['final'].items()}
+  result['nonfinite'] = np.any(~np.isfinite(logs['loss']) & logs['active'], axis=1)
+  result['epochs_run'] = np.asarray(out['epochs_run'])
+  result['diverged'] = diverged(result['train_loss'], result['train_loss_init'],
+                                result['nonfinite'], c.diverge_factor)
+  result = {k: v.reshape(len(cells), c.num_seeds) for k, v in result.items()}
+  result['seconds'] = time.perf_counter() - t0
+  return result
+
+
+def _mlp_parts(data, method, width, c, task, dtype):
+  """`(model, loss of fit, whole-set train loss, test metric, batches, init input)` of the MLP
+  datasets (full-batch or minibatches of data)."""
   model = models.MLP(hidden=(width,) * c.depth, out=1, method=method,
                      gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)
   x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test',
@@ -282,34 +463,47 @@ def train_cells(dataset: str, data, method: str, width: int, cells, c, dtype
                  ys[:cut].reshape(full, task.batch_size, -1)),)
       return groups + (((xs[cut:][None], ys[cut:][None]),) if rest else ())
 
-  def init(member):
-    k_init, k_careless, _ = jax.random.split(member['key'], 3)
-    return rescale(model.init(k_init, x, train=False), method, member['scale'],
-                   member['careless'], k_careless)
+  return (model, lambda v, b, m: train_loss(v, *b), lambda v: train_loss(v, x, y)[0], metric,
+          batches, x)
 
-  def finalize(initial, final, member):
-    return dict(train_loss_init=train_loss(initial, x, y)[0], train_loss=train_loss(final, x, y)[0],
-                test_init=metric(initial), test=metric(final))
 
-  settings = protocol.Protocol(num_epochs=c.num_epochs, learning_rate=1.0, monitor='loss',
-                               mode='min', plateau_patience=task.plateau_patience,
-                               stop_patience=task.stop_patience)
-  members = members_of(cells, seed_keys(c.seed, c.num_seeds), dtype)
-  size = len(cells) * c.num_seeds
-  t0 = time.perf_counter()
-  out = protocol.fit(settings, init=init, loss=lambda v, b, m: train_loss(v, *b),
-                     batches=batches, members=members, finalize=finalize,
-                     learning_rate=lambda m: m['lr'],
-                     chunk=_chunk(size, task.batch_size or n, width, np.dtype(dtype).itemsize))
-  logs = jax.tree.map(np.asarray, out['logs'])
-  result = {k: np.asarray(v, np.float64) for k, v in out['final'].items()}
-  result['nonfinite'] = np.any(~np.isfinite(logs['loss']) & logs['active'], axis=1)
-  result['epochs_run'] = np.asarray(out['epochs_run'])
-  result['diverged'] = diverged(result['train_loss'], result['train_loss_init'],
-                                result['nonfinite'], c.diverge_factor)
-  result = {k: v.reshape(len(cells), c.num_seeds) for k, v in result.items()}
-  result['seconds'] = time.perf_counter() - t0
-  return result
+def _cnn_parts(data, method, width, c, task, dtype):
+  """`_mlp_parts` of the CIFAR-10 CNN: batches are index vectors into the (shared) training
+  images; the whole-set loss and the test accuracy run in chunks of the batch size."""
+  model = models.CNN(num_classes=int(data['num_classes']), layers=cnn_layers(width),
+                     method=method, param_dtype=dtype)
+  x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test',
+                                                          'y_test'))
+  n, b = x.shape[0], task.batch_size
+  full, rest = divmod(n, b)
+
+  def train_loss(variables, idx):
+    logits, updates = models.apply_train(model, variables, x[idx])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y[idx]).mean(), updates
+
+  def whole_loss(variables):  # training mode per batch; a last partial batch left out
+    return jnp.mean(jax.lax.map(lambda i: train_loss(variables, i)[0],
+                                jnp.arange(full * b).reshape(full, b)))
+
+  def metric(variables):  # evaluation mode, padded chunks masked
+    m = x_test.shape[0]
+    pad = -m % b
+    idx = jnp.concatenate([jnp.arange(m), jnp.zeros((pad,), jnp.int32)]).reshape(-1, b)
+    keep = (jnp.arange(m + pad) < m).reshape(-1, b)
+
+    def one(args):
+      i, k = args
+      logits = model.apply(variables, x_test[i], train=False)
+      return jnp.sum((jnp.argmax(logits, -1) == y_test[i]) & k)
+
+    return (jnp.sum(jax.lax.map(one, (idx, keep))) / m).astype(dtype)
+
+  def batches(member, t):
+    perm = jax.random.permutation(jax.random.fold_in(jax.random.split(member['key'], 3)[2], t), n)
+    groups = (perm[:full * b].reshape(full, b),)
+    return groups + ((perm[full * b:][None],) if rest else ())
+
+  return model, lambda v, i, m: train_loss(v, i), whole_loss, metric, batches, x[:2]
 
 
 def diverged(final, initial, nonfinite, factor: float) -> np.ndarray:
@@ -501,10 +695,11 @@ def _top(values, ratio: float = 30.0) -> float:
   return float(min(v.max(), ratio * v.min()) * 1.3) if v.size else 1.0
 
 
-def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric, n, workdir
-         ) -> list[str]:
+def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric, n, workdir,
+         cnn: bool = False) -> list[str]:
   """lr_<d>.png, heatmap_<d>.png and width_<d>.png of one dataset (`cells` its records,
-  `analysis` method -> `analyze`'s dict, `n` seeds per cell; see the module docstring)."""
+  `analysis` method -> `analyze`'s dict, `n` seeds per cell, `cnn`: the CIFAR-10 CNN's
+  optimizer and width; see the module docstring)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import colors, ticker  # pylint: disable=g-import-not-at-top
 
@@ -526,7 +721,7 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
       ax.set_yscale('log')
       ax.set_ylim(top=top)
       _plain_log_axis(ax.yaxis)
-    ax.set_xlabel('Adam learning rate')
+    ax.set_xlabel('SGD (momentum) learning rate' if cnn else 'Adam learning rate')
   axes[0].set_ylabel(f'test {metric}' + (' (higher is better)' if metric == 'accuracy' else ''))
   axes[0].set_title(f'test {metric}, mean +- s.e. over {n} seeds', fontsize=10)
   axes[1].set_ylabel('final train loss')
@@ -599,7 +794,7 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
   ax.xaxis.set_minor_locator(ticker.NullLocator())
   ax.set_xticks(widths)
   ax.set_xticklabels([str(w) for w in widths])
-  ax.set_xlabel('hidden width')
+  ax.set_xlabel('channels of the first conv (second: 2x)' if cnn else 'hidden width')
   ax.set_ylabel(f'test {metric}')
   ax.plot([], [], 'kx', ms=8, mew=2, label='diverged')
   ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, 0.5))
@@ -633,19 +828,24 @@ def _run(c, workdir):
   methods = models.check_methods(validate.split_names(c.methods))
   rates = sorted(float(r) for r in c.learning_rates)
   scales = sorted(float(s) for s in c.init_scales) + [CARELESS]
-  data = {d: load_data(d, c, dtype) for d in datasets}  # every file read before any training
+  dtype_of = lambda d: np.float32 if d == CIFAR else dtype  # the CNN trains in float32
+  data = {d: load_data(d, c, dtype_of(d)) for d in datasets}  # every file read before training
   os.makedirs(workdir, exist_ok=True)
+  if CIFAR in data:
+    x = data[CIFAR]['x_train']
+    print(f'[robustness] cifar10: {len(x)} train / {len(data[CIFAR]["x_test"])} test images of '
+          f'{x.shape[1]}x{x.shape[2]}, CNN {cnn_layers(c.cifar_width)}, SGD momentum '
+          f'{c.cifar_momentum:g}, batch {c.cifar_batch_size}, {c.cifar_epochs} epochs', flush=True)
   cells, runs, rows, timings, analysis, metrics = [], {}, [], [], {}, {}
   for d in datasets:
-    width = c.hidden or task_of(d).width
-    widths = sorted(set(c.widths) | {width})
+    width, widths = widths_of(d, c)
     metrics[d] = task_of(d).metric
     analysis[d] = {}
     for m in methods:
       mine = []
       for w in [width] + [w for w in widths if w != width]:
         grid = [(lr, s) for lr in rates for s in (scales if w == width else [CARELESS])]
-        r = train_cells(d, data[d], m, w, grid, c, dtype)
+        r = train_cells(d, data[d], m, w, grid, c, dtype_of(d))
         runs[(d, m, w)] = r
         for j, (lr, s) in enumerate(grid):
           mine.append(cell_summary(d, m, w, lr, s, r, j))
@@ -666,10 +866,10 @@ def _run(c, workdir):
   figures = []
   if c.plots:
     for d in datasets:
-      width = c.hidden or task_of(d).width
+      width, widths = widths_of(d, c)
       figures += plot(d, [x for x in cells if x['dataset'] == d], analysis[d], methods, rates,
-                      scales, sorted(set(c.widths) | {width}), width, metrics[d], c.num_seeds,
-                      workdir)
+                      scales, widths, width, metrics[d], c.num_seeds, workdir,
+                      cnn=d == CIFAR)
   table = make_table(analysis, metrics, rates) + (
       '\n\nWall time per (dataset, method, width), one fit each (compile included):\n\n' +
       report.markdown_table(['dataset', 'method', 'width', 'members', 'seconds'],
