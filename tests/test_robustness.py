@@ -75,6 +75,11 @@ def test_claims_on_synthetic_results_with_nan_cells():
       'does not hold')  # a tie is not "least"
   assert verdict('c', "GmP's best").startswith('not measured')  # SP never trained
   assert len(claims) == 12
+  # GmP stuck at its initial error at every width varies by 0 but is not robust: no "holds".
+  stuck = {'e': {'sp': _stats(0.01, width_test=0.3),
+                 'gmp': dict(_stats(0.1, width_test=0.0), width_trained=False)}}
+  verdict = next(v for k, v in rob.check_claims(stuck).items() if 'across widths' in k)
+  assert verdict.startswith('does not hold') and 'did not train' in verdict, verdict
 
 
 def _init(method, x, width=6):
