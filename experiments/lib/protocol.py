@@ -100,6 +100,25 @@ def full_batch(*arrays) -> Callable:
   return lambda member, epoch: (jax.tree.map(lambda a: a[None], batch),)
 
 
+def shuffled_batches(key, epoch, data, batch_size: int) -> tuple:
+  """`batches` groups of epoch `epoch` for minibatch training on `data` (a pytree of arrays
+  with a leading axis `n`, e.g. `(x, y)` or the indices `jnp.arange(n)`), Keras-style:
+  reshuffled by `fold_in(key, epoch)`, `n // batch_size` full batches, then the remainder as
+  one smaller step.
+
+  >>> import jax, jax.numpy as jnp
+  >>> g = shuffled_batches(jax.random.key(0), 1, jnp.arange(7), 3)
+  >>> [a.shape for a in g], sorted(jnp.concatenate([a.ravel() for a in g]).tolist())
+  ([(2, 3), (1, 1)], [0, 1, 2, 3, 4, 5, 6])
+  """
+  n = jax.tree.leaves(data)[0].shape[0]
+  full, rest = divmod(n, batch_size)
+  perm = jax.random.permutation(jax.random.fold_in(key, epoch), n)
+  shuffled, cut = jax.tree.map(lambda a: a[perm], data), full * batch_size
+  groups = (jax.tree.map(lambda a: a[:cut].reshape((full, batch_size) + a.shape[1:]), shuffled),)
+  return groups + ((jax.tree.map(lambda a: a[cut:][None], shuffled),) if rest else ())
+
+
 def _split(variables):
   return variables['params'], {k: v for k, v in variables.items() if k != 'params'}
 

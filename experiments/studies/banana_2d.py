@@ -132,12 +132,7 @@ def _setup(method: str, c: ml_collections.ConfigDict, lr: float, dtype, n: int):
 
 def _epoch(key, t, x, y, batch_size: int):
   """Epoch `t`'s batches of `(x, y)`: reshuffled (by `key`) full batches, then the remainder."""
-  n = x.shape[0]
-  full, rest = divmod(n, batch_size)
-  perm = jax.random.permutation(jax.random.fold_in(jax.random.split(key)[1], t), n)
-  xs, ys, cut = x[perm], y[perm], full * batch_size
-  groups = ((xs[:cut].reshape(full, batch_size, -1), ys[:cut].reshape(full, batch_size, -1)),)
-  return groups + (((xs[cut:][None], ys[cut:][None]),) if rest else ())
+  return protocol.shuffled_batches(jax.random.split(key)[1], t, (x, y), batch_size)
 
 
 def cross_validate(method: str, data, keys, c: ml_collections.ConfigDict, dtype,

@@ -436,7 +436,6 @@ def _mlp_parts(data, method, width, c, task, dtype):
                      gmp_glorot_scale=c.gmp_glorot_scale, param_dtype=dtype)
   x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test',
                                                           'y_test'))
-  n = x.shape[0]
 
   def train_loss(variables, inputs, targets):
     pred, updates = models.apply_train(model, variables, inputs)
@@ -453,15 +452,9 @@ def _mlp_parts(data, method, width, c, task, dtype):
   if task.batch_size is None:
     batches = protocol.full_batch(x, y)
   else:
-    full, rest = divmod(n, task.batch_size)
-
     def batches(member, t):
-      perm = jax.random.permutation(jax.random.fold_in(jax.random.split(member['key'], 3)[2], t),
-                                    n)
-      xs, ys, cut = x[perm], y[perm], full * task.batch_size
-      groups = ((xs[:cut].reshape(full, task.batch_size, -1),
-                 ys[:cut].reshape(full, task.batch_size, -1)),)
-      return groups + (((xs[cut:][None], ys[cut:][None]),) if rest else ())
+      return protocol.shuffled_batches(jax.random.split(member['key'], 3)[2], t, (x, y),
+                                       task.batch_size)
 
   return (model, lambda v, b, m: train_loss(v, *b), lambda v: train_loss(v, x, y)[0], metric,
           batches, x)
@@ -475,7 +468,7 @@ def _cnn_parts(data, method, width, c, task, dtype):
   x, y, x_test, y_test = (jnp.asarray(data[k]) for k in ('x_train', 'y_train', 'x_test',
                                                           'y_test'))
   n, b = x.shape[0], task.batch_size
-  full, rest = divmod(n, b)
+  full = n // b
 
   def train_loss(variables, idx):
     logits, updates = models.apply_train(model, variables, x[idx])
@@ -499,9 +492,7 @@ def _cnn_parts(data, method, width, c, task, dtype):
     return (jnp.sum(jax.lax.map(one, (idx, keep))) / m).astype(dtype)
 
   def batches(member, t):
-    perm = jax.random.permutation(jax.random.fold_in(jax.random.split(member['key'], 3)[2], t), n)
-    groups = (perm[:full * b].reshape(full, b),)
-    return groups + ((perm[full * b:][None],) if rest else ())
+    return protocol.shuffled_batches(jax.random.split(member['key'], 3)[2], t, jnp.arange(n), b)
 
   return model, lambda v, i, m: train_loss(v, i), whole_loss, metric, batches, x[:2]
 
