@@ -193,7 +193,20 @@ def test_the_cifar10_cnn_through_main_writes_every_cell(tmp_path):
   with open(workdir / 'results.csv') as f:
     assert len(f.read().strip().splitlines()) == 1 + 4 * 2  # a row per seed
   assert out['summary']['metrics'] == {'cifar10': 'accuracy'}
-  assert out['runs'][('cifar10', 'gmp_imn', 2)]['train_loss'].shape == (4, 2)
+  run = out['runs'][('cifar10', 'gmp_imn', 2)]
+  assert run['train_loss'].shape == (4, 2)
+  # `cifar_chunk_mb` vmaps the members in chunks (all 8 at once here): the same numbers as one
+  # member at a time, up to float32 reassociation in the batched convolutions.
+  chunked = main.run_study('robustness', str(tmp_path / 'rob_chunked'), 'smoke',
+                           datasets='cifar10', data_dir=str(data_dir),
+                           cache_dir=str(tmp_path / 'cache'), methods='gmp_imn',
+                           learning_rates=(0.1, 3.0), init_scales=(1.0,), cifar_width=2,
+                           cifar_widths=(2,), cifar_batch_size=6, cifar_epochs=2,
+                           cifar_train_examples=0, cifar_test_examples=0, plots=False,
+                           cifar_chunk_mb=1)['runs'][('cifar10', 'gmp_imn', 2)]
+  assert rob.cnn_memory(2, 8, 6, 18, 3, (8, 8, 3), chunk_bytes=1 << 20)['chunk'] == 8
+  for key in ('train_loss', 'train_loss_init', 'test'):
+    np.testing.assert_allclose(chunked[key], run[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 BAD = [

@@ -78,6 +78,8 @@ def get_config(arg=None):
   c.cifar_momentum = 0.9  # SGD's (paper 002's CNN optimizer)
   c.cifar_downsample = 2  # f x f average pooling of the images (2: 16x16; 1: CIFAR's 32x32)
   c.cifar_memory_gb = 8.0  # refuse a CNN grid whose estimated memory is above this
+  c.cifar_chunk_mb = 0  # CNN activations per vmapped chunk of members (0: one member at a
+  # time, the fastest on a CPU; on a GPU e.g. 4096)
   if arg.cifar10:
     c.datasets = 'cifar10'
     c.methods = 'sp,wn,bn,gmp,gmp_imn'

@@ -40,7 +40,9 @@ Memory: before any work (`check_data`) the study estimates a CNN fit's memory, t
 of one vmapped chunk of members (batch x the layers' feature maps x `CNN_COPIES` x 4 bytes per
 member) plus every member's parameters, optimizer state and copies and the training images,
 and refuses a grid over `cifar_memory_gb` with the size; below it members train in chunks whose
-activations stay under `CNN_CHUNK_BYTES` (0: one member at a time, the fastest on the CPU).
+activations stay under `cifar_chunk_mb` MiB (0: one member at a time, the fastest on the CPU,
+where 4 vmapped members took 1.6x the time of 4 in turn: XLA's grouped convolutions are slower
+than plain ones; on a GPU, e.g. 4096, all members of a fit at once).
 
 What "init scale" multiplies (the hidden layers, or the CNN's conv layers; the output layer
 keeps its init in every method, so a method's scale changes only its parameterized layers; the
@@ -105,9 +107,6 @@ from geoparam import hyperspherical
 CARELESS = 'careless'  # the init-scale entry of the N(0, 1) init
 CIFAR = 'cifar10'  # the CNN dataset
 CHUNK_BYTES = 64 << 20  # hidden activations per vmapped chunk of members
-CNN_CHUNK_BYTES = 0  # estimated CNN activations per vmapped chunk of members; 0: one member
-# per chunk (on the 2-core CPU 4 vmapped members took 1.6x the time of 4 in turn: XLA's grouped
-# convolutions are slower than plain ones)
 CNN_COPIES = 4  # feature maps kept per conv layer and image (pre-activation, normalized,
 # activation, gradient): the memory estimate's factor
 CIFAR_SHAPE = (32, 32, 3)  # the memory estimate's image
@@ -153,14 +152,16 @@ def cnn_layers(width: int) -> tuple[Any, ...]:
 
 
 def cnn_memory(width: int, members: int, batch: int, images: int, num_classes: int = 10,
-               shape=CIFAR_SHAPE, itemsize: int = 4) -> dict[str, int]:
+               shape=CIFAR_SHAPE, itemsize: int = 4, chunk_bytes: int = 0) -> dict[str, int]:
   """Estimated bytes of one CNN fit (`members` members at `width`, float32): `member` (the
   activations of one member's batch: every layer's feature maps x `CNN_COPIES`, the input
-  once), `chunk` (members per vmapped chunk: activations under `CNN_CHUNK_BYTES`, a divisor of
-  `members`), `fixed` (every member's parameters x 5: params, gradient, momentum, best and
+  once), `chunk` (members per vmapped chunk: the largest divisor of `members` whose activations
+  stay under `chunk_bytes`, at least 1), `fixed` (every member's parameters x 5: params, gradient, momentum, best and
   initial copies; the training images) and `total` (`chunk * member + fixed`).
 
   >>> m = cnn_memory(16, 6, 100, 5000)
+  >>> m['chunk'], cnn_memory(16, 6, 100, 5000, chunk_bytes=4 * m['member'])['chunk']
+  (1, 3)
   >>> m['member'] == 100 * (3072 + 4 * (32 * 32 * 16 + 16 * 16 * 32) + 16 * 16 * 16 + 8 * 8 * 32) * 4
   True
   """
@@ -177,7 +178,7 @@ def cnn_memory(width: int, members: int, batch: int, images: int, num_classes: i
       floats += CNN_COPIES * side * ch
   params += ch * num_classes + num_classes
   member = batch * floats * itemsize
-  fits = max(1, CNN_CHUNK_BYTES // max(1, member))
+  fits = max(1, chunk_bytes // max(1, member))
   chunk = max(k for k in range(1, members + 1) if members % k == 0 and k <= fits)
   fixed = (members * 5 * params + images * pixels) * itemsize
   return dict(member=member, chunk=chunk, fixed=fixed, total=chunk * member + fixed)
@@ -216,6 +217,7 @@ CONFIG_RULES = {'datasets': validate.distinct_names, 'learning_rates': _grid,
                 'cifar_epochs': validate.integer(1), 'cifar_batch_size': validate.integer(1),
                 'cifar_momentum': validate.real(0.0, 1.0, open_high=True),
                 'cifar_memory_gb': validate.real(0.0, open_low=True),
+                'cifar_chunk_mb': validate.integer(0),
                 'cifar_downsample': validate.integer(1)}
 
 
@@ -229,7 +231,8 @@ def check_cnn_memory(config) -> None:
   for w in widths:
     members = rates * (scales if w == width else 1) * c.num_seeds
     side = CIFAR_SHAPE[0] // c.cifar_downsample
-    m = cnn_memory(w, members, c.cifar_batch_size, images, shape=(side, side, 3))
+    m = cnn_memory(w, members, c.cifar_batch_size, images, shape=(side, side, 3),
+                   chunk_bytes=c.cifar_chunk_mb << 20)
     if m['total'] > c.cifar_memory_gb * 2 ** 30:
       raise validate.ConfigError(
           f'--config.cifar_memory_gb={c.cifar_memory_gb:g}: the cifar10 CNN grid at width {w} '
@@ -409,7 +412,8 @@ def train_cells(dataset: str, data, method: str, width: int, cells, c, dtype
   if dataset == CIFAR:
     optimizer = lambda learning_rate: optax.sgd(learning_rate, momentum=c.cifar_momentum)
     chunk = cnn_memory(width, size, task.batch_size, len(data['y_train']),
-                       int(data['num_classes']), data['x_train'].shape[1:])['chunk']
+                       int(data['num_classes']), data['x_train'].shape[1:],
+                       chunk_bytes=c.cifar_chunk_mb << 20)['chunk']
   else:
     optimizer = optax.adam
     chunk = _chunk(size, task.batch_size or data['x_train'].shape[0], width,
