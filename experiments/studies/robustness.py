@@ -686,12 +686,16 @@ def _plot_curve(ax, xs, cells, key, color, label, top=None):
 
 
 def _plain_log_axis(axis) -> None:
-  """Plain numbers (0.5, 2, 30) on a log axis, major and minor ticks."""
+  """Plain numbers (0.5, 2, 30) on a log axis, major and minor ticks: the minor ones at 2 and
+  5, or all of them when the axis spans less than a factor of 3 (else it may show one label)."""
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-  plain = ticker.FuncFormatter(lambda v, _: f'{v:g}')
-  axis.set_major_formatter(plain)
-  axis.set_minor_formatter(ticker.FuncFormatter(
-      lambda v, _: f'{v:g}' if f'{v:.1g}'[0] in '25' else ''))
+
+  def minor(v, _):
+    lo, hi = sorted(axis.get_view_interval())
+    return f'{v:g}' if (hi < 3 * lo or f'{v:.1g}'[0] in '25') else ''
+
+  axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
+  axis.set_minor_formatter(ticker.FuncFormatter(minor))
 
 
 def _top(values, ratio: float = 30.0) -> float:
