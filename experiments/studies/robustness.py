@@ -692,7 +692,7 @@ def _plain_log_axis(axis) -> None:
 
   def minor(v, _):
     lo, hi = sorted(axis.get_view_interval())
-    return f'{v:g}' if (hi < 3 * lo or f'{v:.1g}'[0] in '25') else ''
+    return f'{v:g}' if (hi < 3 * lo or f'{v:.0e}'[0] in '25') else ''  # 0.5: '5e-01'
 
   axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
   axis.set_minor_formatter(ticker.FuncFormatter(minor))
