@@ -143,10 +143,10 @@ def test_uci_smoke_with_cv_through_main(tmp_path):
 
 
 @pytest.mark.parametrize('study, fields, match', [
-    ('uci_regression', dict(lr_grid=''), '--config.lr_grid=: must be distinct comma-separated'),
-    ('uci_regression', dict(lr_grid='0.01,-0.1'), 'finite learning rates > 0'),
-    ('uci_regression', dict(lr_grid='0.01,nan'), 'finite learning rates > 0'),
-    ('uci_regression', dict(lr_grid='0.01,0.01'), 'distinct'),
+    ('uci_regression', dict(lr_grid=()), r'--config.lr_grid=\(\): must be a tuple of finite numbers > 0'),
+    ('uci_regression', dict(lr_grid=(0.01, -0.1)), 'finite numbers > 0'),
+    ('uci_regression', dict(lr_grid=(0.01, float('nan'))), 'finite numbers > 0'),
+    ('uci_regression', dict(lr_grid=(0.01, 0.01)), 'must be distinct'),
     ('uci_regression', dict(cv_folds=1), '--config.cv_folds=1: must be an int >= 2'),
     ('uci_regression', dict(cv_folds=300),
      '--config.cv_folds=300: yacht has 246 training rows; at most 246 folds'),
@@ -169,7 +169,7 @@ def test_cv_fields_with_fixed_selection_exit_2_with_nothing_created(tmp_path):
        f'--workdir={tmp_path / "w"}', '--config.lr_grid=0.01,0.1'],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
-  assert ('--config.lr_grid=0.01,0.1: applies only with --config.lr_selection=cv'
+  assert ('--config.lr_grid=(0.01, 0.1): applies only with --config.lr_selection=cv'
           in proc.stderr)
   assert not (tmp_path / 'w').exists()
   config = ml_collections.ConfigDict(dict(lr_selection='fixed', cv_folds=3))

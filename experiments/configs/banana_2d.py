@@ -50,7 +50,7 @@ def get_config(arg=None):
   # method, cv_folds-fold cross-validation on the training part over lr_grid,
   # then a retrain on the whole training part at the chosen rate; the fixed rows are kept).
   c.lr_selection = 'fixed'
-  c.lr_grid = '0.001,0.003,0.01,0.03,0.1,0.3'  # comma-separated; only with lr_selection=cv
+  c.lr_grid = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)  # only with lr_selection=cv; e.g. =0.01,0.1
   c.cv_folds = 5  # only with lr_selection=cv
   if arg.smoke:
     c.num_epochs = 150

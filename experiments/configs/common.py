@@ -37,7 +37,8 @@ def paper_lr(method: str, lr_gmp: float = 0.1, lr_others: float = 0.01) -> float
   The one place of the rule: the vision configs and the small studies (their
   `lr_gmp`/`lr_others` fields) call it.
   """
-  return lr_gmp if method.startswith('gmp') else lr_others
+  from experiments.lib import models  # pylint: disable=g-import-not-at-top (configs stay light)
+  return lr_gmp if models.is_gmp(method) else lr_others
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -158,6 +158,13 @@ def positive_reals(v, config):
     raise Bad('must be a tuple of finite numbers > 0, e.g. "(1e-3,1e-1)"')
 
 
+def distinct_positive_reals(v, config):
+  """A non-empty tuple of distinct finite numbers > 0 (a grid): `--config.x=0.01,0.1`."""
+  positive_reals(v, config)
+  if len(set(v)) != len(v):
+    raise Bad('must be distinct finite numbers > 0, e.g. "(1e-3,1e-1)"')
+
+
 def resize_range(v, config):
   int_tuple(1, 2)(v, config)
   if v[0] > v[1]:

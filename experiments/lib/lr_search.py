@@ -37,8 +37,6 @@ every fit part and never validated.
   0.01
   >>> select([0.01, 0.1], [[np.nan], [np.inf]]).index       # nothing finite
   -1
-  >>> parse_grid('0.01, 0.1'), parse_grid((0.3,))
-  ((0.01, 0.1), (0.3,))
 """
 
 from __future__ import annotations
@@ -50,28 +48,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from experiments.configs import validate
+from experiments.lib import models
 
-PAPER_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)  # paper 002, Appendix C
-PAPER_GRID_TEXT = ','.join(f'{r:g}' for r in PAPER_GRID)  # the configs' default `lr_grid`
+PAPER_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)  # paper 002, Appendix C: the default `lr_grid`
 DEFAULT_FOLDS = 5
 SELECTIONS = ('fixed', 'cv')
-
-
-def parse_grid(value) -> tuple[float, ...]:
-  """`'0.01,0.1'` (the configs' comma-separated form) or a tuple -> `(0.01, 0.1)`.
-
-  Raises ValueError unless the grid is non-empty, of distinct finite numbers > 0.
-  """
-  items = validate.split_names(value) if isinstance(value, str) else value
-  try:
-    rates = tuple(float(r) for r in items)
-  except (TypeError, ValueError):
-    rates = ()
-  if (not rates or len(set(rates)) != len(rates)
-      or not all(math.isfinite(r) and r > 0 for r in rates)):
-    raise ValueError('must be distinct comma-separated finite learning rates > 0, e.g. '
-                     f'{PAPER_GRID_TEXT}')
-  return rates
 
 
 def _selection(v, config):
@@ -79,11 +60,8 @@ def _selection(v, config):
 
 
 def _grid(v, config):
-  try:
-    rates = parse_grid(v)
-  except ValueError as e:
-    raise validate.Bad(str(e)) from None
-  if config.get('lr_selection', 'cv') == 'fixed' and rates != PAPER_GRID:
+  validate.distinct_positive_reals(v, config)
+  if config.get('lr_selection', 'cv') == 'fixed' and tuple(v) != PAPER_GRID:
     raise validate.Bad('applies only with --config.lr_selection=cv (the fixed rates are '
                        'lr_gmp and lr_others)')
 
@@ -297,6 +275,6 @@ def seed_report(selections: dict[str, Selection], rates, *, folds: int, seeds: i
   word = 'highest' if mode == 'max' else 'lowest'
   claims = {PAPER_CLAIM: paper_claim({m: s.rate for m, s in selections.items()}),
             f'GmP has the {word} test {metric} at the CV-chosen rates': report.claim(
-                best.startswith('gmp'), f'{word}{" mean" if mode == "max" else ""}: {best} '
+                models.is_gmp(best), f'{word}{" mean" if mode == "max" else ""}: {best} '
                 f'{np.mean(chosen[best][1]):.4f}', *(v for _, v in chosen.values()))}
   return cv, table, claims

@@ -79,6 +79,17 @@ PARAMETERIZATIONS = {
 METHODS = ('sp', 'wn', 'wn_mbn', 'bn', 'gmp', 'gmp_imn')  # paper 002's ReLU methods (MLP, CNN)
 
 
+def is_gmp(method: str) -> bool:
+  """Whether `method` (a `PARAMETERIZATIONS` name) has GmP weights: what the paper's GmP
+  claims and its learning-rate rule are about. False for an unknown name (the config checks
+  refuse it, naming the accepted ones).
+
+  >>> [m for m in METHODS if is_gmp(m)], is_gmp('foo')
+  (['gmp', 'gmp_imn'], False)
+  """
+  return getattr(PARAMETERIZATIONS.get(method), 'weights', None) == 'gmp'
+
+
 def check_methods(methods: Sequence[str], accepted: Sequence[str] = METHODS
                   ) -> tuple[str, ...]:
   """Returns the methods as a tuple; unknown names raise a ValueError listing the accepted ones."""

@@ -176,13 +176,13 @@ def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]
   where = f' at lr {large_rate:g}' if at_large_rate else ' at the protocol rates'
   peaks = {m: float(np.nanmax(r['max_dtheta_deg'])) for m, r in runs.items()}
   for m, peak in peaks.items():
-    if m.startswith('gmp'):
+    if models.is_gmp(m):
       out[f'{m}: max_i |dtheta| stays small{where}'] = f'max over steps and seeds {peak:.2f} deg'
     else:
       out[f'{m}: max_i |dtheta| jumps up to 180 deg at some step{where}'] = report.claim(
           peak > 90, 'max {:.1f} deg', peak, _losses(runs[m]))
-  others = [p for m, p in peaks.items() if not m.startswith('gmp')]
-  gmp_peaks = [p for m, p in peaks.items() if m.startswith('gmp')]
+  others = [p for m, p in peaks.items() if not models.is_gmp(m)]
+  gmp_peaks = [p for m, p in peaks.items() if models.is_gmp(m)]
   if others and gmp_peaks:
     out[f'GmP max angle change below every other method{where}'] = report.claim(
         max(gmp_peaks) < min(others), 'GmP {:.2f} deg vs others min {:.2f} deg',
@@ -190,7 +190,7 @@ def check_claims(results, at_large_rate=None, large_rate=None) -> dict[str, str]
   acc = {m: float(np.mean(r['test_acc'])) for m, r in results.items()}
   best = max(acc, key=acc.get)
   out['GmP has the highest test accuracy (protocol rates)'] = report.claim(
-      best.startswith('gmp'), f'highest mean: {best} {acc[best]:.4f}; '
+      models.is_gmp(best), f'highest mean: {best} {acc[best]:.4f}; '
       + ', '.join(f'{m} {a:.4f}' for m, a in acc.items()), *(_losses(r) for r in results.values()))
   return out
 
@@ -371,7 +371,7 @@ def _run(c, workdir, methods, x_all, y_all):
             'compile, all rates)', flush=True)
   chosen = {m: runs[common.paper_lr(m, c.lr_gmp, c.lr_others)][m] for m in methods}
   use_cv = c.get('lr_selection', 'fixed') == 'cv'
-  rates_cv = lr_search.parse_grid(c.lr_grid) if use_cv else ()
+  rates_cv = tuple(c.lr_grid) if use_cv else ()
   selections, at_cv = {}, {}
   for m in methods if use_cv else ():
     t0 = time.perf_counter()

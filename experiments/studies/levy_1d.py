@@ -148,7 +148,7 @@ def check_claims(results) -> dict[str, str]:
   out = {}
   peaks = {m: float(np.nanmax(r['trace']['max_dphi'])) for m, r in results.items()}
   for m, peak in peaks.items():
-    if m.startswith('gmp'):
+    if models.is_gmp(m):
       out[f'{m}: max_i |dphi| < 1 at every step'] = report.claim(
           peak < 1, 'max over steps and seeds {:.3g}', peak, results[m]['rmse'])
     else:
@@ -157,7 +157,7 @@ def check_claims(results) -> dict[str, str]:
   rmse = {m: float(np.mean(r['rmse'])) for m, r in results.items()}
   best = min(rmse, key=rmse.get)
   out['GmP has the lowest test RMSE'] = report.claim(
-      best.startswith('gmp'), f'lowest: {best} {rmse[best]:.4f}', *rmse.values())
+      models.is_gmp(best), f'lowest: {best} {rmse[best]:.4f}', *rmse.values())
   return out
 
 
@@ -289,7 +289,7 @@ def _run(c, workdir):
   keys = jax.random.split(jax.random.key(c.seed), c.num_seeds)
   results = {}
   use_cv = c.get('lr_selection', 'fixed') == 'cv'
-  rates = lr_search.parse_grid(c.lr_grid) if use_cv else ()
+  rates = tuple(c.lr_grid) if use_cv else ()
   selections, at_cv = {}, {}
   t_start = time.perf_counter()
   for m in models.check_methods(validate.split_names(c.methods)):

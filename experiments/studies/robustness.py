@@ -188,15 +188,8 @@ def cnn_memory(width: int, members: int, batch: int, images: int, num_classes: i
 # Config rules and data checks.
 
 
-def _grid(v, config):
-  """A non-empty tuple of distinct finite numbers > 0."""
-  validate.positive_reals(v, config)
-  if len(set(v)) != len(v):
-    raise validate.Bad('must be distinct finite numbers > 0, e.g. "(1e-3,1e-1)"')
-
-
 def _scales(v, config):
-  _grid(v, config)
+  validate.distinct_positive_reals(v, config)
   if not any(s == 1 for s in v):
     raise validate.Bad('must hold 1 (the default init, where the learning-rate curves are '
                        'read), e.g. "(0.1,1.0,10.0)"')
@@ -208,7 +201,8 @@ def _widths(v, config):
     raise validate.Bad('must be distinct ints >= 1')
 
 
-CONFIG_RULES = {'datasets': validate.distinct_names, 'learning_rates': _grid,
+CONFIG_RULES = {'datasets': validate.distinct_names,
+                'learning_rates': validate.distinct_positive_reals,
                 'init_scales': _scales, 'widths': _widths, 'hidden': validate.integer(0),
                 'diverge_factor': validate.real(1.0), 'good_tolerance': validate.real(0.0),
                 'cifar_width': validate.integer(1), 'cifar_widths': _widths,
@@ -612,7 +606,7 @@ def check_claims(analysis: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dic
   out = {}
   for d, by_method in analysis.items():
     gmp = next((m for m in ('gmp', 'gmp_imn') if m in by_method), None)
-    others = [m for m in by_method if not m.startswith('gmp')]
+    others = [m for m in by_method if not models.is_gmp(m)]
     if gmp is None or not others:
       continue
     g = by_method[gmp]
