@@ -384,3 +384,25 @@ def test_kernel_size_rank_must_fit_input_rank():
 def test_feature_group_count_must_divide():
   with pytest.raises(ValueError, match='feature_group_count'):
     _shapes(geoparam.GmPConv(4, (3,), feature_group_count=2), jnp.ones((1, 5, 3)))
+
+
+def test_sgd_moves_the_kernel_r_squared_times_faster(x64):
+  """Why careless GmP needs small SGD rates (README, robustness): with a loss linear in the
+  outputs, d loss / d theta at radius r is r times its value at r = 1, so one SGD step on
+  theta moves the kernel `r u(theta)` r^2 times as far (to first order), while the radius's
+  own gradient does not depend on r."""
+  x = jax.random.normal(jax.random.key(1), (16, 5), jnp.float64)
+  model = geoparam.GmPDense(3, param_dtype=jnp.float64)
+  params = {**model.init(jax.random.key(0), x)['params'], 'lam': jnp.full((3,), 0.3)}
+  weights = jax.random.normal(jax.random.key(2), (16, 3), jnp.float64)
+  with_r = lambda r: {**params, 'scale': jnp.full((3,), r)}
+  grads = {r: jax.grad(lambda p: jnp.sum(model.apply({'params': p}, x) * weights))(with_r(r))
+           for r in (1.0, 5.0)}
+  np.testing.assert_allclose(grads[5.0]['theta'], 5 * grads[1.0]['theta'], rtol=1e-12)
+  np.testing.assert_allclose(grads[5.0]['scale'], grads[1.0]['scale'], rtol=1e-12)
+  # The kernel's first-order move under the step -lr * g: r * (d u / d theta)(-lr * g).
+  jacobian = jax.jacrev(gmp_kernel)(params['theta'])  # (fan_in, 3, fan_in - 1, 3)
+  moved = {r: r * jnp.einsum('ijkl,kl->ij', jacobian, -0.1 * grads[r]['theta'])
+           for r in (1.0, 5.0)}
+  assert float(jnp.max(jnp.abs(moved[1.0]))) > 1e-3  # some unit is active and moves
+  np.testing.assert_allclose(moved[5.0], 25 * moved[1.0], rtol=1e-10, atol=1e-14)
