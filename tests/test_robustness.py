@@ -244,3 +244,13 @@ def test_the_command_line_exits_2_with_one_line_and_creates_nothing(tmp_path):
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().count('\n') == 0 and 'GiB' in proc.stderr, proc.stderr
   assert not (tmp_path / 'w').exists()
+
+
+def test_the_cnn_whole_set_loss_mixes_the_class_sorted_rows():
+  """The CIFAR arrays are sorted by class; the whole-set training-mode loss (BN, MBN and IMN use
+  batch statistics) must use mixed batches like the epochs', never one-class runs of rows."""
+  labels = np.repeat(np.arange(10), 100)  # the loader's order
+  batches = np.asarray(rob.whole_set_batches(1000, 50))
+  assert batches.shape == (20, 50) and len(set(batches.ravel().tolist())) == 1000
+  assert min(len(set(labels[row].tolist())) for row in batches) >= 5
+  assert np.array_equal(batches, np.asarray(rob.whole_set_batches(1000, 50)))  # fixed
