@@ -12,7 +12,7 @@ and `cifar10`: a small CNN (conv w, pool, conv 2w, pool, global average pool, De
 is w, the first conv's channels) trained with SGD + momentum 0.9 and the softmax
 cross-entropy on a reduced CIFAR-10 (the `cifar_*` fields: by default 1000 training and 1000
 test images of the data directory's archive, 2x2-averaged to 16x16, w = 8, widths 4, 8, 16, 3
-epochs, batch 50, float32; test accuracy; the default grid, 4 methods: 670.7 s on 2 cores). A CNN grid whose estimated memory exceeds `cifar_memory_gb` is refused before any
+epochs, batch 50, float32; test accuracy; the default grid with 5 methods: 830.8 s on 2 cores). A CNN grid whose estimated memory exceeds `cifar_memory_gb` is refused before any
 work. What "init scale" means per method, the divergence rule and the statistics:
 `experiments/studies/robustness.py`.
 
