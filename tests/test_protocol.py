@@ -262,7 +262,8 @@ def test_train_epochs_equals_a_plain_python_sgd_loop(chunk):
   tw, tb = np.zeros_like(w), np.zeros_like(b)  # momentum traces
   x, y = data['x_train'].astype(np.float64), data['y_train']
   xt, yt = data['x_test'].astype(np.float64), data['y_test']
-  loss0, _, _, acc0 = softmax_reference(w, b, x[:10], y[:10])
+  rows = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), 22))[:10]  # at init
+  loss0, _, _, acc0 = softmax_reference(w, b, x[rows], y[rows])
   test0, _, _, tacc0 = softmax_reference(w, b, xt, yt)
   curves = dict(train_loss=[loss0], train_acc=[acc0], test_loss=[test0], test_acc=[tacc0],
                 lr=[math.nan])
@@ -333,3 +334,27 @@ def test_a_vmapped_grid_of_learning_rates_equals_the_cells_fitted_one_by_one():
       assert int(grid['epochs_run'][i]) == int(alone['epochs_run'][0])
     # The grid really differs across cells (the rate is not ignored).
     assert len({round(float(v), 9) for v in grid['logs']['loss'][:, -1]}) == len(cells)
+
+
+def test_train_epochs_scores_init_on_a_random_subset_of_class_sorted_data():
+  """Epoch 0 of the train curves evaluates `init_train_examples` random rows: on data sorted
+  by class (the CIFAR arrays) the first rows are one class, and a net that predicts class 0
+  everywhere would read 100% accuracy there instead of about half."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  data = dict(x_train=np.ones((200, 3), np.float32),
+              y_train=np.repeat([0, 1], 100).astype(np.int32),
+              x_test=np.ones((4, 3), np.float32), y_test=np.array([0, 1, 0, 1], np.int32))
+
+  class Classifier(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      del train  # zero kernel and bias: logits 0, argmax class 0, loss ln 2
+      return nn.Dense(2, kernel_init=nn.initializers.zeros)(x)
+
+  model = Classifier()
+  out = protocol.train_epochs(model, model.init(jax.random.key(0), data['x_train'][:1]), data,
+                              num_epochs=1, batch_size=50, learning_rate=0.0,
+                              key=jax.random.key(3), optimizer=protocol.masked_sgd(0.0, 0.0),
+                              init_train_examples=40, log=None)
+  assert 0.25 < out['curves']['train_acc'][0] < 0.75, out['curves']['train_acc'][0]
+  np.testing.assert_allclose(out['curves']['train_loss'][0], np.log(2), rtol=1e-6)

@@ -358,8 +358,8 @@ def train_epochs(model, variables, data: Mapping[str, Any], *, num_epochs: int,
     schedule: the per-epoch rate rule, or None for a constant rate.
     eval_chunk: None (evaluate a split in one call) or examples per evaluated
       chunk (`lax.map`; the last chunk is padded and masked), for large splits.
-    init_train_examples: the first examples of the training split evaluated at
-      initialization (epoch 0 of the train curves).
+    init_train_examples: how many training examples (a fixed random subset) are
+      evaluated at initialization (epoch 0 of the train curves).
     log: a function taking one line, or None.
     label: what the progress lines start with, e.g. `'[study] method'`.
 
@@ -430,8 +430,10 @@ def train_epochs(model, variables, data: Mapping[str, Any], *, num_epochs: int,
   t0 = time.perf_counter()
   opt_state = opt.init(params)
   lr_state = schedule.init(learning_rate) if schedule is not None else None
-  init_train = evaluate(params, state, x_train[:init_train_examples],
-                        y_train[:init_train_examples])
+  # A random subset (the unused epoch 0 of the data-order key), not the first rows: data
+  # sorted by class (the CIFAR arrays) would score one class.
+  init_rows = jax.random.permutation(jax.random.fold_in(key, 0), n)[:init_train_examples]
+  init_train = evaluate(params, state, x_train[init_rows], y_train[init_rows])
   init_test = evaluate(params, state, x_test, y_test)
   curves = {k: [float(v)] for k, v in zip(CURVES, (*init_train, *init_test, math.nan))}
   for epoch in range(1, num_epochs + 1):
