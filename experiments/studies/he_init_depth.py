@@ -149,8 +149,9 @@ def train_run(activation: str, init: str, data, config, log=print) -> dict[str, 
       optimizer=protocol.masked_sgd(config.momentum, config.weight_decay),
       init_train_examples=INIT_TRAIN_EXAMPLES, log=log,
       label=f'[he_init_depth] {activation}_{init}')
-  out['preactivation_std_at_init'] = preactivation_std(model, {'params': params},
-                                                       x_train[:STD_EXAMPLES])
+  # Random rows, not the first: the CIFAR arrays are sorted by class.
+  rows = np.random.default_rng(config.seed).permutation(x_train.shape[0])[:STD_EXAMPLES]
+  out['preactivation_std_at_init'] = preactivation_std(model, {'params': params}, x_train[rows])
   if activation == 'prelu':
     final = out['variables']['params']
     out['prelu_mean_slope_per_layer'] = [
