@@ -24,6 +24,10 @@ def load_flat_arrays(data_dir: str | None, train_examples: int = 0, test_example
   flattened. `train_examples`, `test_examples`: a fixed random subset drawn with `seed`,
   kept in archive order (0: all). Returns `x_train`, `y_train`, `x_test`, `y_test` and
   `num_classes`.
+
+  The rows are SORTED BY CLASS (the archive's order): shuffle before taking the first rows
+  or consecutive batches, or they hold one class (a training-mode BN loss and the epoch-0
+  train curve were wrong that way until 2026-11-26).
   """
   data, classes = sources.load_jpeg_archive(data_dir, cache_dir, download=download)
   if 'test' not in data:
