@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -248,6 +249,26 @@ def markdown(selections: dict[str, Selection], rates, metric: str, fixed: dict[s
   return report.markdown_table(
       ['method', 'CV lr', *(f'val {metric} lr {r:g}' for r in rates),
        f'test {metric} at the CV lr', f'test {metric} at the fixed lr'], rows)
+
+
+def metric_at_rates(selections: dict[str, Selection], cv_runs: dict[str, Any], fixed_runs,
+                  fixed_rate: Callable[[str], float], value: Callable[[Any], Any], seeds: int
+                  ) -> tuple[dict[str, tuple], dict[str, tuple]]:
+  """`seed_report`'s `(fixed, chosen)`: method -> `(rate, per-seed test metric)` of the runs
+  at the fixed rates (`fixed_runs`, at `fixed_rate(method)`) and at the CV-chosen rates
+  (`cv_runs`; None where no rate had a finite score: NaN for every seed). `value`: a run's
+  per-seed test metric.
+
+  >>> none = select([0.1], [[np.nan]])                      # nothing finite: no run
+  >>> fixed, chosen = metric_at_rates({'sp': none}, {'sp': None}, {'sp': {'rmse': [1.0, 2.0]}},
+  ...                               lambda m: 0.01, lambda r: r['rmse'], seeds=2)
+  >>> fixed['sp'], chosen['sp'][1].tolist()
+  ((0.01, [1.0, 2.0]), [nan, nan])
+  """
+  chosen = {m: (s.rate, value(cv_runs[m]) if cv_runs[m] is not None else np.full(seeds, np.nan))
+            for m, s in selections.items()}
+  fixed = {m: (fixed_rate(m), value(r)) for m, r in fixed_runs.items()}
+  return fixed, chosen
 
 
 def seed_report(selections: dict[str, Selection], rates, *, folds: int, seeds: int, metric: str,

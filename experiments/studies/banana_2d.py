@@ -410,11 +410,9 @@ def _run(c, workdir, methods, x_all, y_all):
   table = summarize(runs, chosen)
   claims = check_claims(chosen, large, max(c.lr_gmp, c.lr_others))
   if use_cv:
-    nan = np.full(len(keys), np.nan)
-    test_cv = {m: (s.rate, at_cv[m]['test_acc'] if at_cv[m] is not None else nan)
-               for m, s in selections.items()}
-    test_fixed = {m: (common.paper_lr(m, c.lr_gmp, c.lr_others), r['test_acc'])
-                  for m, r in chosen.items()}
+    test_fixed, test_cv = lr_search.metric_at_rates(
+        selections, at_cv, chosen, lambda m: common.paper_lr(m, c.lr_gmp, c.lr_others),
+        lambda r: r['test_acc'], len(keys))
     summary['cv'], cv_table, cv_claims = lr_search.seed_report(
         selections, rates_cv, folds=c.cv_folds, seeds=len(keys), metric='accuracy',
         key='test_accuracy', mode='max', fixed=test_fixed, chosen=test_cv,

@@ -323,11 +323,9 @@ def _run(c, workdir):
       max_abs_dphi=lambda r: np.nanmax(dphi(r), axis=1))
   table, claims = summarize(results), check_claims(results)
   if use_cv:
-    nan = np.full(len(keys), np.nan)
-    test_cv = {m: (s.rate, at_cv[m]['rmse'] if at_cv[m] is not None else nan)
-               for m, s in selections.items()}
-    test_fixed = {m: (common.paper_lr(m, c.lr_gmp, c.lr_others), r['rmse'])
-                  for m, r in results.items()}
+    test_fixed, test_cv = lr_search.metric_at_rates(
+        selections, at_cv, results, lambda m: common.paper_lr(m, c.lr_gmp, c.lr_others),
+        lambda r: r['rmse'], len(keys))
     summary['cv'], cv_table, cv_claims = lr_search.seed_report(
         selections, rates, folds=c.cv_folds, seeds=len(keys), metric='RMSE', key='test_rmse',
         mode='min', fixed=test_fixed, chosen=test_cv,

@@ -35,7 +35,8 @@ directory), standardized per channel, a fixed random subset of `cifar_train_exam
 and `cifar_test_examples` test images (seed `seed`), averaged over `cifar_downsample` x
 `cifar_downsample` pixel blocks (default 2: 16x16 images, 4x less compute; 1: 32x32). Test metric: accuracy (evaluation mode:
 BN's running statistics), in chunks of the batch size; the final training loss is the mean of
-training-mode losses over the training set in batches (a last partial batch left out).
+training-mode losses over the training set in the batches of one fixed shuffle
+(`whole_set_batches`: the arrays are sorted by class; a last partial batch left out).
 Memory: before any work (`check_data`) the study estimates a CNN fit's memory, the activations
 of one vmapped chunk of members (batch x the layers' feature maps x `CNN_COPIES` x 4 bytes per
 member) plus every member's parameters, optimizer state and copies and the training images,
