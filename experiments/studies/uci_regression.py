@@ -313,10 +313,8 @@ def check_cv_claims(cv, ours_cv, datasets, methods) -> dict[str, str]:
   rate most splits chose, per dataset); and GmP's test RMSE is the lowest at the CV rates."""
   out = {}
   for d in datasets:
-    modal = {m: cv[d][m]['modal_lr'] for m in methods}
-    holds = all(modal[m] == common.paper_lr(m) for m in methods)
-    out[f'CV picks 0.1 for GmP and 0.01 for the others on {d} (most frequent over splits)'] = \
-        report.claim(holds, ', '.join(f'{m} {r:g}' for m, r in modal.items()), *modal.values())
+    out[f'{lr_search.PAPER_CLAIM} on {d} (most frequent over splits)'] = lr_search.paper_claim(
+        {m: cv[d][m]['modal_lr'] for m in methods})
   if any(map(models.is_gmp, methods)) and len(methods) > 1:
     for d in datasets:
       best = min(methods, key=lambda m: ours_cv[d][m][0])
