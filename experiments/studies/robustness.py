@@ -617,10 +617,11 @@ def analyze(cells: Sequence[Mapping[str, Any]], metric: str, rates, scales, widt
 def check_claims(analysis: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, str]:
   """Paper 002's robustness claims, per dataset, against `analysis` (dataset -> method ->
   `analyze`'s dict); `report.claim` gives no verdict on non-finite numbers. Needs GmP (`gmp`,
-  else `gmp_imn`) and another method."""
+  else another `models.is_gmp` method, e.g. `gmp_imn`) and a method that is not."""
   out = {}
   for d, by_method in analysis.items():
-    gmp = next((m for m in ('gmp', 'gmp_imn') if m in by_method), None)
+    gmps = [m for m in by_method if models.is_gmp(m)]  # plain GmP first when it ran
+    gmp = 'gmp' if 'gmp' in gmps else next(iter(gmps), None)
     others = [m for m in by_method if not models.is_gmp(m)]
     if gmp is None or not others:
       continue
