@@ -15,7 +15,7 @@ from geoparam import schedules
 from geoparam import transform
 from geoparam import variance
 from geoparam import wrappers
-from geoparam.activations import PReLU
+from geoparam.linen.layers import PReLU
 from geoparam.activations import prelu
 from geoparam.baselines import CWNConv
 from geoparam.baselines import CWNDense
@@ -37,8 +37,8 @@ from geoparam.wrappers import GmP
 from geoparam.wrappers import LCW
 from geoparam.wrappers import Reparam
 from geoparam.wrappers import WN
-from geoparam.normalization import InputMeanNorm
-from geoparam.normalization import MeanOnlyBatchNorm
+from geoparam.linen.layers import InputMeanNorm
+from geoparam.linen.layers import MeanOnlyBatchNorm
 
 __version__ = '0.1.0'
 

@@ -73,7 +73,7 @@ import numpy as np
 from geoparam import gmp
 from geoparam import methods
 from geoparam import schedules
-from geoparam import wrappers
+from geoparam.methods.wn import weight_norm
 
 __all__ = [
   'KINDS',
@@ -190,7 +190,7 @@ def _bias(params, key, kernel, kind, name=None) -> jax.Array:
 
 def _weight_norm_kernel(v, g, kind):
   v = _kernel(v)
-  return wrappers.weight_norm(v, _per_feature(g, 'scale', v, kind))
+  return weight_norm(v, _per_feature(g, 'scale', v, kind))
 
 
 def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:

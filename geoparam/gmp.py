@@ -30,48 +30,15 @@ from flax.core import meta
 import jax
 import jax.numpy as jnp
 
-from geoparam import conv
 from geoparam import initializers
-from geoparam import methods
 from geoparam import wrappers
 from geoparam.methods import run
-from geoparam.methods.gmp import directions
-from geoparam.methods.gmp import from_dense_traced as gmp_from_dense
 from geoparam.methods.gmp import gmp_kernel
-from geoparam.methods.gmp import unit
-from geoparam.methods.run import imn_subtracts
+from geoparam.methods.gmp import paper_method
 
-__all__ = ['directions', 'gmp_kernel', 'gmp_from_dense', 'imn_subtracts', 'paper_method', 'GmPDense',
-           'GmPConv']
+__all__ = ['gmp_kernel', 'GmPDense', 'GmPConv']
 
 Initializer = Callable[..., jax.Array]
-
-
-def _unit_apply(params, kernel_shape):
-  """The paper form's `(kernel, bias)`: `(u, lam)`; the scale multiplies after the activation."""
-  u, lam, _ = unit(params)
-  return u.reshape(kernel_shape), lam
-
-
-def paper_method(fields, fan_in: int) -> methods.Method:
-  """The `gmp` method of a paper-form layer: its initializers (and IMN), computing `(u, lam)`.
-
-  `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
-  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`.
-  """
-  if fields.scale_init is not None:
-    scale_init = fields.scale_init
-  elif fields.glorot_scale:
-    scale_init = initializers.glorot_norm(fan_in, fields.features)
-  else:
-    scale_init = nn.initializers.ones
-  options = dict(theta_init=fields.theta_init, lam_init=fields.lam_init, scale_init=scale_init)
-  if fields.input_mean_norm:
-    method = methods.get('gmp_imn', momentum=fields.momentum, axis_name=fields.axis_name,
-                         **options)
-  else:
-    method = methods.get('gmp', **options)
-  return method._replace(apply=_unit_apply)
 
 
 class _GmPBase(nn.Module):
@@ -86,13 +53,12 @@ class _GmPBase(nn.Module):
           f'{type(self).__name__}: activation must be a function (e.g. nn.relu) or None for '
           f'linear, got {self.activation!r}.')
 
-  def _method(self, fan_in: int) -> methods.Method:
-    return paper_method(self, fan_in)
-
-  def _finish(self, layer, inputs, kernel_shape, use_running_average, ops=None):
+  def _finish(self, layer, inputs, use_running_average, ops=None):
     """`scale * act(layer(x; u, lam))`, IMN included."""
-    y = wrappers.call(self, self._method(math.prod(kernel_shape[:-1])), layer, inputs,
-                      use_running_average, self.use_running_average, ops=ops)
+    layout = wrappers.layout_of(layer, jnp.shape(inputs), type(self).__name__)
+    method = paper_method(self, math.prod(layout.method_shape[:-1]))
+    y = wrappers.call(self, method, layer, inputs, use_running_average, self.use_running_average,
+                      ops=ops)
     if self.activation is not None:
       y = self.activation(y)
     y, scale = nn.dtypes.promote_dtype(y, meta.unbox(self.get_variable('params', 'scale')),
@@ -161,8 +127,7 @@ class GmPDense(_GmPBase):
       return y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
 
     ops = run.LayerOps(run_dense, (inputs.ndim - 1,), self.precision)
-    return self._finish(dense, inputs, (inputs.shape[-1], self.features), use_running_average,
-                        ops)
+    return self._finish(dense, inputs, use_running_average, ops)
 
 
 class GmPConv(_GmPBase):
@@ -218,8 +183,8 @@ class GmPConv(_GmPBase):
       raise ValueError(
           f'kernel_size must be a tuple of positive ints, one per spatial dim, '
           f'got {self.kernel_size!r}.')
-    inputs = jnp.asarray(inputs)
-    shape = conv.kernel_shape('GmPConv', tuple(self.kernel_size), inputs.shape, self.features,
-                              self.feature_group_count)
-    layer = conv.layer_of(self, shape, use_bias=True)  # lam: the paper's unit has a bias
-    return self._finish(layer, inputs, shape, use_running_average)
+    layer = nn.Conv(self.features, tuple(self.kernel_size), self.strides, self.padding,
+                    self.input_dilation, self.kernel_dilation, self.feature_group_count,
+                    use_bias=True, dtype=self.dtype, param_dtype=self.param_dtype,
+                    precision=self.precision, parent=None)  # lam: the paper's unit has a bias
+    return self._finish(layer, jnp.asarray(inputs), use_running_average)

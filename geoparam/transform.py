@@ -60,12 +60,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import exact
+from geoparam import kinds
 from geoparam import methods
+from geoparam import selection
 from geoparam import wrappers
-from geoparam.methods import run
 
-__all__ = ['Reparameterized', 'reparameterize', 'selected', 'excluded', 'check_selection',
-           'to_reparameterized', 'bake', 'bn_affine', 'convert_layer', 'plain_layer']
+__all__ = ['Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake']
 
 Where = Callable[[nn.Module, tuple[str, ...]], bool]
 
@@ -91,8 +92,8 @@ class Reparameterized(nn.Module):
     module: the user's model (unchanged).
     method: a name in `geoparam.methods.REGISTRY` or a `geoparam.methods.Method`.
     where: `where(layer, path) -> bool` selects layers (default: all of
-      `wrappers.LAYER_TYPES`; it also sees `wrappers.UNSUPPORTED_TYPES`, which
-      raise when selected); `path` is relative to `module`.
+      registered layer kind, `geoparam.kinds`; a refused kind raises when
+      selected); `path` is relative to `module`.
     exclude: layer names or '/'-joined paths kept plain (e.g. `['head']`).
     drop_batchnorm: replace the selected `nn.BatchNorm` layers by the identity.
     use_running_average: IMN's switch (None: by `batch_stats` mutability,
@@ -168,16 +169,14 @@ class Reparameterized(nn.Module):
       if wrappers.bypassed() or context.method_name != '__call__':
         return next_fun(*args, **kwargs)
       path = tuple(layer.path[prefix:])
-      if isinstance(layer, _CANDIDATES):
-        seen.append(path)
+      kind = _candidate(self, layer, path, seen)
       mode = _training_flag(layer, args, kwargs)
       if mode is not None:
         modes.append((path,) + mode)
-      _refuse_unsupported(self, layer, path)
       if isinstance(layer, nn.BatchNorm):
         if self.drop_batchnorm and selected(self, layer, path):
           return _drop(_inputs(args, kwargs))
-      elif isinstance(layer, wrappers.LAYER_TYPES) and selected(self, layer, path):
+      elif kind is not None and selected(self, layer, path):
         chosen.append(path)
         use_running_average = self.use_running_average
         if use_running_average is None:
@@ -185,7 +184,7 @@ class Reparameterized(nn.Module):
           imn_frozen.append(use_running_average)
         x = _inputs(args, kwargs)
         y = wrappers.call(layer, method, layer, x, use_running_average)
-        if self.drop_batchnorm and layer.is_initializing() and not getattr(layer, 'use_bias', True):
+        if self.drop_batchnorm and layer.is_initializing() and not kind.has_bias(layer):
           bias_free.append((y, layer, x))
         return y
       return next_fun(*args, **kwargs)
@@ -256,79 +255,27 @@ def _check_imn_mode(rp: Reparameterized, frozen: bool, modes) -> None:
         'reparameterize(..., use_running_average=False) (e.g. BatchNorm frozen while IMN trains).')
 
 
-_CANDIDATES = (nn.BatchNorm,) + wrappers.LAYER_TYPES + wrappers.UNSUPPORTED_TYPES
-
-
-_WHY_UNSUPPORTED = {
-    'Einsum': 'its kernel has no fixed split into fan-in and output units',
-    'ConvLocal': 'it has one kernel per output position, not one per unit',
-    'ConvTranspose': 'a unit\'s weights are spread over the output positions (IMN\'s exact '
-                     'fold and the conversion assume a conv\'s windows)',
-}
-
-
-def unsupported(kind: str, path, framework: str = 'nn') -> ValueError:
-  """The error for a selected layer the transforms cannot reparameterize (Einsum, ConvLocal,
-  ConvTranspose)."""
-  name = '/'.join(str(p) for p in path) or '<root>'
-  why = _WHY_UNSUPPORTED.get(kind, 'it is not a Dense/Conv/DenseGeneral layer')
-  return ValueError(
-      f'layer {name!r} is an {framework}.{kind}, which geoparam cannot reparameterize ({why}), '
-      'and the selection picks it. '
-      f'Keep it plain: exclude=[{str(path[-1]) if path else name!r}] (or its \'/\'-joined '
-      'path), or a where= that leaves it out.')
-
-
-def _refuse_unsupported(rp, layer, path) -> None:
-  if isinstance(layer, wrappers.UNSUPPORTED_TYPES) and selected(rp, layer, path):
-    raise unsupported(type(layer).__name__, path)
-
-
-def excluded(path: tuple, exclude) -> bool:
-  """Whether an `exclude` entry names the layer at `path`: its name, or its '/'-joined path.
-
-    >>> excluded(('blocks', 'head'), ['head']), excluded(('blocks', 'head'), ['blocks/head'])
-    (True, True)
-    >>> excluded(('blocks', 'head'), ['blocks'])
-    False
-  """
-  names = tuple(str(p) for p in path)
-  return '/'.join(names) in exclude or bool(names and names[-1] in exclude)
-
-
-def check_selection(model: str, method: str, seen, chosen, where, exclude,
-                    kinds: str = 'Dense, Conv, DenseGeneral', verb: str = 'ran') -> None:
-  """Raises where the selection is a silent no-op: no layer selected, or an `exclude` entry
-  that names no layer (a typo would reparameterize the layer it meant to keep).
-
-  `model`, `method`: names for the message; `seen`: the paths of the model's candidate
-  layers (`kinds` and BatchNorm; what the model `verb`, 'ran' or 'holds'); `chosen`: those
-  reparameterized. The linen and the NNX transform call it.
-  """
-  layers = sorted({'/'.join(str(k) for k in p) for p in seen})
-  shown = ', '.join(layers[:12]) + (f' (and {len(layers) - 12} more)' if len(layers) > 12 else '')
-  if not chosen:
-    raise ValueError(
-        f'reparameterize({model}, {method!r}): no layer was selected ({kinds}; '
-        f'where={where!r}, exclude={list(exclude)}); the model {verb} {shown or "none"}. A '
-        'selection that matches nothing leaves the model plain.')
-  unmatched = [e for e in exclude if not any(excluded(p, (e,)) for p in seen)]
-  if unmatched:
-    raise ValueError(f'reparameterize({model}): exclude entries {unmatched} name no layer the '
-                     f'model {verb} ({shown}); check the names (a layer name or a \'/\'-joined '
-                     'path).')
+def _candidate(rp, layer, path, seen) -> kinds.Kind | None:
+  """The kind of a layer the transform may reparameterize (None for others), noting every
+  candidate's path in `seen`; a selected layer of a refused kind raises."""
+  kind = kinds.of(layer)
+  if kind is not None or isinstance(layer, nn.BatchNorm):
+    seen.append(path)
+  if kind is not None and kind.refused:
+    if selected(rp, layer, path):
+      raise selection.refused(layer, path)
+    return None
+  return kind
 
 
 def _check(rp: Reparameterized, seen, chosen) -> None:
-  check_selection(type(rp.module).__name__, rp.get_method().name, seen, chosen, rp.where,
-                  rp.exclude)
+  selection.check_selection(type(rp.module).__name__, rp.get_method().name, seen, chosen,
+                            rp.where, rp.exclude)
 
 
 def selected(rp: Reparameterized, layer: nn.Module, path: tuple[str, ...]) -> bool:
   """Whether `rp` reparameterizes (or drops) `layer` at `path` (relative to `rp.module`)."""
-  if excluded(path, rp.exclude):
-    return False
-  return rp.where is None or bool(rp.where(layer, path))
+  return selection.selected(layer, path, rp.where, rp.exclude)
 
 
 def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Where | None = None,
@@ -359,6 +306,9 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
                     f'({type(model).__name__}): {hint}.')
   if isinstance(exclude, str):
     exclude = (exclude,)
+  selection.check_where(where)
+  if not isinstance(drop_batchnorm, bool):
+    raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
   methods.get(method, **options)  # unknown methods and options fail here, not at the first call
   return Reparameterized(model, method, where=where, exclude=tuple(exclude),
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
@@ -387,12 +337,10 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
     y = next_fun(*a, **k)
     if context.method_name == '__call__' and not wrappers.bypassed():
       path = tuple(m.path)
-      if isinstance(m, _CANDIDATES):
-        seen.append(path)
-      _refuse_unsupported(rp, m, path)
+      kind = _candidate(rp, m, path, seen)
       if isinstance(m, nn.BatchNorm):
         norms.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
-      elif isinstance(m, wrappers.LAYER_TYPES) and selected(rp, m, path):
+      elif kind is not None and selected(rp, m, path):
         layers.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
     return y
 
@@ -435,19 +383,14 @@ def _dropped(rp, layers, norms):
           f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
           'reparameterized Dense/Conv layer, so it cannot be folded (keep it with '
           'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
-    check_fold(layers[producer[0]].layer, producer[0], bn_path)
+    layer = layers[producer[0]]
+    x = call.inputs
+    axes = kinds.ints(call.layer.axis)
+    exact.check_fold(exact.layout_of(layer.layer, jnp.shape(layer.inputs), producer[0]),
+                     call.layer.axis, tuple(jnp.shape(x)[a] for a in axes), jnp.ndim(x),
+                     producer[0], bn_path)
     pairs[producer[0]] = bn_path
   return pairs
-
-
-def check_fold(layer, path, bn_path) -> None:
-  """Raises unless a dropped BatchNorm can be folded into `layer` (one output axis)."""
-  features = wrappers.feature_shape(layer)
-  if len(features) > 1:
-    raise ValueError(
-        f'BatchNorm {_name(bn_path)} is dropped but the layer {_name(path)} before it has '
-        f'several output axes {features}: its per-channel affine cannot be carried by that '
-        "layer's bias both ways (keep it with drop_batchnorm=False, or exclude it).")
 
 
 def _get(tree, path):
@@ -496,68 +439,13 @@ def _lookup(variables, collection: str, path):
     return None
 
 
-def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
-  """`(s, t)` float64 with `BatchNorm(z) = s * z + t` in evaluation mode, `(features,)` each.
-
-  `mean`, `var`: the running statistics; `scale`, `bias`: the affine params (None
-  when the norm has none).
-  """
-  s = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
-  if scale is not None:
-    s = s * np.asarray(scale, np.float64)
-  t = -np.asarray(mean, np.float64) * s
-  if bias is not None:
-    t = t + np.asarray(bias, np.float64)
-  return s, t
-
-
 def _bn_affine(bn: nn.BatchNorm, variables, path):
   """`bn_affine` of a linen BatchNorm at `path` of `variables`."""
   stats = _get(variables['batch_stats'], path)
   params = _get(variables.get('params', {}), path) if bn.use_scale or bn.use_bias else {}
-  return bn_affine(stats['mean'], stats['var'], bn.epsilon,
+  return exact.bn_affine(stats['mean'], stats['var'], bn.epsilon,
                    params['scale'] if bn.use_scale else None,
                    params['bias'] if bn.use_bias else None)
-
-
-def _is_conv(layer) -> bool:
-  """A linen or NNX conv (the transforms' helpers read Flax's field names, either framework)."""
-  return hasattr(layer, 'kernel_size')
-
-
-def _padding_free(layer) -> bool:
-  """Whether `conv(x - m) == conv(x) - w^T m` everywhere (no zero is padded or inserted)."""
-  if not _is_conv(layer):
-    return True
-  dilation = layer.input_dilation
-  if dilation is not None and any(d != 1 for d in np.atleast_1d(dilation)):
-    return False
-  padding = layer.padding
-  if isinstance(padding, str):
-    return padding.upper() in ('VALID', 'CIRCULAR', 'REFLECT')
-  return not np.any(np.asarray(padding))
-
-
-def _flat_mean(layer, x):
-  """The IMN mean of a layer input as the wrapper computes it, float64 `(fan_in_part,)`."""
-  x = np.asarray(x, np.float64)
-  flat = run.flatten_contracted(x, wrappers.contract_axes(layer, x.ndim))
-  return flat.reshape(-1, flat.shape[-1]).mean(0)
-
-
-def _mean_dot(layer, mean, kernel):
-  """`w_f^T m` per unit `(F,)`: the IMN running mean `m` against a kernel in the method's shape.
-
-  A conv sees the channels of its group at every window position; a dense layer
-  the flattened contracted axes.
-  """
-  features = kernel.shape[-1]
-  if _is_conv(layer):
-    groups = layer.feature_group_count
-    per_unit = np.repeat(mean.reshape(groups, -1), features // groups, axis=0)  # (F, C_in / g)
-    window_sum = kernel.reshape((-1,) + kernel.shape[-2:]).sum(0)  # (C_in / g, F)
-    return np.einsum('cf,fc->f', window_sum, per_unit)
-  return mean @ kernel.reshape(-1, features)
 
 
 def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
@@ -590,141 +478,18 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
       if col in new:
         _pop(new[col], bn_path)
   for path, call in layers.items():
+    kind = kinds.of(call.layer)
     sp = _get(variables['params'], path)
-    kernel = meta.unbox(sp['kernel'])
-    bias = meta.unbox(sp['bias']) if 'bias' in sp else None
-    stored, mean = convert_layer(method, call.layer, kernel, bias, call.inputs, path,
-                                 folds.get(path), _stacked(jnp.shape(kernel), call, path))
+    kernel = meta.unbox(sp[kind.kernel])
+    bias = meta.unbox(sp[kind.bias]) if kind.bias in sp else None
+    layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
+    stored, mean = exact.convert_layer(method, call.layer, kernel, bias, call.inputs, path,
+                                       folds.get(path), exact.stack_of(jnp.shape(kernel), layout,
+                                                                       path))
     _put(new['params'], path, stored)
     if mean is not None:
       _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
   return new
-
-
-def _stacked(kernel_shape, call: _Call, path) -> tuple[int, ...]:
-  """The leading axes a lifted transform (`nn.scan`, `nn.vmap`) stacked the layer's variables
-  on: `()` for a layer of its own, `(L,)` for a layer of a scanned block.
-
-  The stored kernel is the layer's own kernel (for its recorded input) with these axes in
-  front (`variable_axes={'params': 0}`, as flax's examples scan and vmap); anything else is
-  refused by name.
-  """
-  own = tuple(wrappers.layer_kernel_shape(call.layer, tuple(call.inputs.shape), _name(path)))
-  extra = len(kernel_shape) - len(own)
-  if extra < 0 or tuple(kernel_shape[extra:]) != own:
-    raise ValueError(
-        f'layer {_name(path)}: its stored kernel has shape {tuple(kernel_shape)}, but the layer '
-        f'computes with a {own} kernel: a layer stacked by nn.scan/nn.vmap must have its stacked '
-        "axes in front (variable_axes={'params': 0}); other axes are not supported.")
-  return tuple(kernel_shape[:extra])
-
-
-def _slice_path(path, index, stack):
-  """`path` naming one layer of a stack: `('blocks', 'up[2]')` (unchanged when not stacked)."""
-  if not stack:
-    return path
-  return path[:-1] + (f'{path[-1]}[{",".join(str(i) for i in index)}]',)
-
-
-def convert_layer(method: methods.Method, layer: nn.Module, kernel, bias, inputs, path=(),
-                  fold=None, stack: tuple[int, ...] = ()):
-  """One trained layer's `(kernel, bias)` as `method`'s variables, exactly (float64 inside).
-
-  Args:
-    method: a `geoparam.methods.Method` (or a registry name).
-    layer: the layer (its fields; linen or NNX), `kernel` and `bias` (None: no bias) its params
-      in its own layout (a DenseGeneral's `(*contracted, *features)`).
-    inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
-    path: for error messages.
-    fold: optional `(s, t)` of a following BatchNorm folded in (`bn_affine`).
-    stack: the leading axes of a layer stacked by a lifted transform (`nn.scan`,
-      `nnx.vmap`): `kernel`, `bias`, `fold` and what comes back carry them in front,
-      and each layer of the stack is converted on its own (errors name it, `up[2]`).
-
-  Returns:
-    `(stored, mean)`: the params `{name: array}` in the kernel's dtype, and IMN's
-    running mean `(fan_in_part,)` (None without IMN).
-  """
-  method = methods.get(method)
-  pieces = [_convert_one(method, layer, kernel[i], None if bias is None else bias[i], inputs,
-                         _slice_path(path, i, stack),
-                         None if fold is None else (fold[0][i], fold[1][i]))
-            for i in np.ndindex(stack)]
-  if not stack:
-    return pieces[0]
-  join = lambda *xs: jnp.stack(xs).reshape(stack + jnp.shape(xs[0]))
-  mean = None if pieces[0][1] is None else join(*[p[1] for p in pieces])
-  return jax.tree.map(join, *[p[0] for p in pieces]), mean
-
-
-def _convert_one(method, layer, kernel, bias, inputs, path, fold):
-  """`convert_layer` of one layer."""
-  dtype = jnp.asarray(kernel).dtype
-  kernel = np.asarray(kernel, np.float64)
-  features = wrappers.feature_shape(layer)
-  bias = np.zeros(features) if bias is None else np.asarray(bias, np.float64)
-  if fold is not None:
-    s, t = fold
-    kernel, bias = kernel * s, bias * s + t
-  # A dropped BatchNorm's shift belongs to the layer before it, bias-free or not.
-  use_bias = getattr(layer, 'use_bias', True) or fold is not None
-  kernel = kernel.reshape(wrappers.method_shape(layer, kernel.shape))  # units: every output
-  bias = bias.reshape(-1)
-  imn = method.imn is not None
-  # a layer inside a lifted transform (nn.scan, nn.vmap, nn.remat) has traced inputs: its
-  # running mean starts at 0 (exact as well), not at the batch mean
-  calibrate = imn and use_bias and _padding_free(layer) and not isinstance(inputs, jax.core.Tracer)
-  mean = _flat_mean(layer, inputs) if calibrate else None
-  if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
-    bias = bias + _mean_dot(layer, mean, kernel)
-  try:
-    stored = method.convert(kernel, bias, dtype, use_bias)
-  except ValueError as e:
-    raise ValueError(f'layer {_name(path)}: {e}') from None
-  specs = method.params(kernel.shape, methods.Layer(use_bias=use_bias), lambda: None)
-  stored = {k: jnp.asarray(v, methods.base.stored_dtype(specs[k], dtype) if k in specs else dtype)
-            for k, v in stored.items()}
-  if not imn:
-    return stored, None
-  shape = tuple(inputs.shape)
-  width = math.prod(shape[a] for a in wrappers.contract_axes(layer, len(shape)))
-  mean_dtype = jnp.promote_types(inputs.dtype, jnp.float32)
-  return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
-
-
-def plain_layer(method, layer, stored, kernel_shape, mean, path=(), approximate_borders=False,
-                stack: tuple[int, ...] = ()):
-  """`(kernel, bias)` numpy float64 of the plain layer from `method`'s stored variables.
-
-  `kernel_shape`: the layer's own (`(*contracted, *features)`); the kernel and bias
-  come back in the layer's layout. `mean`: IMN's running mean (None without IMN);
-  see `bake` for `approximate_borders`. `stack`: as in `convert_layer` (`stored`,
-  `mean` and the result carry these leading axes; `kernel_shape` is one layer's).
-  """
-  method = methods.get(method)
-  pieces = [_plain_one(method, layer, {k: meta.unbox(v)[i] for k, v in stored.items()},
-                       kernel_shape, None if mean is None else mean[i],
-                       _slice_path(path, i, stack), approximate_borders)
-            for i in np.ndindex(stack)]
-  kernel, bias = (np.stack([p[j] for p in pieces]).reshape(stack + np.shape(pieces[0][j]))
-                  for j in (0, 1))
-  return kernel, bias
-
-
-def _plain_one(method, layer, stored, kernel_shape, mean, path, approximate_borders):
-  """`plain_layer` of one layer."""
-  shape = wrappers.method_shape(layer, kernel_shape)
-  kernel, bias = method.bake(stored, shape)
-  kernel = np.asarray(kernel, np.float64).reshape(shape)
-  bias = np.zeros(shape[-1]) if bias is None else np.asarray(bias, np.float64)
-  if mean is not None and np.any(mean != 0):
-    if not _padding_free(layer) and not approximate_borders:
-      raise ValueError(
-          f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
-          'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
-          'approximate_borders=True to fold the mean anyway.')
-    bias = bias - _mean_dot(layer, mean, kernel)
-  return run.layer_layout(kernel, bias, wrappers.feature_shape(layer))
 
 
 def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = False, **kwargs):
@@ -746,11 +511,13 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
            f"batch_stats (these have {_collections(variables)})")
   for path, call in layers.items():
     layer = call.layer
-    stack = _stacked(_get(shapes['params'], path)['kernel'].shape, call, path)
-    kernel_shape = tuple(_get(shapes['params'], path)['kernel'].shape)[len(stack):]
+    kind = kinds.of(layer)
+    layout = exact.layout_of(layer, jnp.shape(call.inputs), path)
+    plain_kernel = _get(shapes['params'], path)[kind.kernel]
+    stack = exact.stack_of(plain_kernel.shape, layout, path)
     stored = _lookup(variables, 'params', path)
-    names = sorted(method.params(kernel_shape, methods.Layer(
-        use_bias=getattr(layer, 'use_bias', True)), lambda: None))
+    names = sorted(method.params(layout.method_shape, methods.Layer(
+        use_bias=kind.has_bias(layer)), lambda: None))
     if not isinstance(stored, Mapping) or not set(names) <= set(stored):
       held = sorted(stored) if isinstance(stored, Mapping) else None
       raise ValueError(
@@ -766,12 +533,12 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
             f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
       mean = np.asarray(mean, np.float64)
       _pop(new['batch_stats'], path + ('input_mean_norm',))
-    kernel, bias = plain_layer(method, layer, stored, kernel_shape, mean, path,
-                               approximate_borders, stack)
-    dtype = _get(shapes['params'], path)['kernel'].dtype
-    plain = {'kernel': jnp.asarray(kernel, dtype)}
-    if getattr(layer, 'use_bias', True):
-      plain['bias'] = jnp.asarray(bias, dtype)
+    kernel, bias = exact.plain_layer(method, layer, meta.unbox(dict(stored)), layout, mean, path,
+                                     approximate_borders, stack)
+    dtype = plain_kernel.dtype
+    plain = {kind.kernel: jnp.asarray(kernel, dtype)}
+    if kind.has_bias(layer):
+      plain[kind.bias] = jnp.asarray(bias, dtype)
     else:
       biases[path] = bias
     _put(new['params'], path, plain)

@@ -37,38 +37,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
-import numbers
+import math
 
 import flax
 import flax.linen as nn
 from flax.core import meta
 import jax
 import jax.numpy as jnp
+from jax import lax
+import numpy as np
 
 from geoparam import conv
+from geoparam import kinds
 from geoparam import methods
 from geoparam.methods import run
-from geoparam.methods.cwn import centered_weight_norm
-from geoparam.methods.gmp import INITIALIZATIONS
-from geoparam.methods.lcw import kernel_from_v
-from geoparam.methods.lcw import v_from_kernel
-from geoparam.methods.wn import weight_norm
-from geoparam.normalization import InputMeanNorm
+from geoparam.linen.layers import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'LAYER_TYPES', 'INITIALIZATIONS', 'call',
-           'add_bias', 'layer_ops', 'layer_kernel_shape', 'feature_shape', 'method_shape',
-           'method_names', 'contract_axes', 'run_layer', 'weight_norm',
-           'centered_weight_norm', 'kernel_from_v', 'v_from_kernel']
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer',
+           'tap_mask', 'imn_bias']
 
 Initializer = Callable[..., jax.Array]
 
-LAYER_TYPES = (nn.Dense, nn.Conv, nn.DenseGeneral)
-
-# Kernel layers the whole-model transform refuses when its selection picks them (rather than
-# leave them plain in silence): an einsum's kernel has no fixed fan-in/features split, a
-# locally connected conv one kernel per output position, a transposed conv spreads a unit's
-# weights over the output positions.
-UNSUPPORTED_TYPES = (nn.Einsum, nn.ConvLocal, nn.ConvTranspose)
+kinds.register(kinds.DENSE, nn.Dense)
+kinds.register(kinds.CONV, nn.Conv)
+kinds.register(kinds.GENERAL, nn.DenseGeneral)
+kinds.register(kinds.EINSUM, nn.Einsum)
+kinds.register(kinds.CONV_TRANSPOSE, nn.ConvTranspose)
+kinds.register(kinds.Kind('ConvLocal', refused='it has one kernel per output position, not one '
+                          'per unit'), nn.ConvLocal)
 
 
 # ----------------------------------------------------------------------------- the layer
@@ -83,88 +79,33 @@ def _describe(holder: nn.Module, layer: nn.Module | None = None) -> str:
   return name + (f' at {where!r}' if where else '')
 
 
-def layer_kernel_shape(layer: nn.Module, inputs_shape: tuple[int, ...],
-                       name: str | None = None) -> tuple[int, ...]:
-  """The kernel shape `(*fan_in_axes, *features)` that `layer` builds for inputs of this shape.
-
-  (The layer's own; `method_shape` gives the one its method sees.) Raises a TypeError
-  naming the layer (or `name`) for types other than `LAYER_TYPES`, and a ValueError
-  for a DenseGeneral with `batch_dims`.
-
-    >>> import flax.linen as nn, geoparam
-    >>> conv = nn.Conv(8, (3, 3), feature_group_count=2)
-    >>> geoparam.wrappers.layer_kernel_shape(conv, (1, 5, 5, 4))
-    (3, 3, 2, 8)
-    >>> geoparam.wrappers.layer_kernel_shape(nn.DenseGeneral((2, 4)), (1, 6, 16))
-    (16, 2, 4)
-  """
-  name = name or _describe(layer)
-  if isinstance(layer, nn.Conv):
-    kernel_size = layer.kernel_size
-    if isinstance(kernel_size, numbers.Integral):
-      kernel_size = (kernel_size,)
-    return conv.kernel_shape(name, tuple(kernel_size), inputs_shape,
-                             layer.features, layer.feature_group_count)
-  if isinstance(layer, nn.DenseGeneral):
-    if layer.batch_dims:
-      raise ValueError(
-          f'{name}: a DenseGeneral with batch_dims (one kernel per batch entry) cannot be '
-          f'reparameterized (batch_dims={layer.batch_dims!r}); exclude it.')
-    axis = (layer.axis,) if isinstance(layer.axis, numbers.Integral) else tuple(layer.axis)
-    ndim = len(inputs_shape)
-    return tuple(inputs_shape[a % ndim] for a in axis) + feature_shape(layer)
-  if isinstance(layer, nn.Dense):
-    if len(inputs_shape) < 1:
-      raise ValueError(f'{name} expects inputs (..., fan_in), got a scalar.')
-    return (inputs_shape[-1], layer.features)
-  raise TypeError(
-      f'{name} cannot be reparameterized: accepted layer types are '
-      f'{", ".join(t.__name__ for t in LAYER_TYPES)} (a kernel with the output features on its '
-      'last axes and the fan-in on all other axes).')
+def _kind(layer, name) -> kinds.Kind:
+  kind = kinds.of(layer)
+  if kind is None or kind.refused:
+    accepted = [c.__name__ for c, k in kinds.REGISTRY.items()
+                if not k.refused and issubclass(c, nn.Module)]
+    why = f' ({kind.refused})' if kind is not None else ''
+    raise TypeError(f'{name} cannot be reparameterized{why}: accepted layer types are '
+                    f'{", ".join(accepted)} (geoparam.kinds.register adds one).')
+  return kind
 
 
-def feature_shape(layer) -> tuple[int, ...]:
-  """A layer's output features as a tuple (linen `features` or NNX `out_features`): `(F,)`,
-  or a DenseGeneral/LinearGeneral's several axes, e.g. `(heads, head_dim)`."""
-  features = getattr(layer, 'features', None)
-  if features is None:
-    features = layer.out_features
-  return tuple(features) if isinstance(features, (tuple, list)) else (features,)
-
-
-def method_shape(layer, kernel_shape) -> tuple[int, ...]:
-  """The kernel shape `layer`'s method sees for its kernel `kernel_shape`: the output features
-  flattened into one last axis (`methods.run.method_shape`); linen or NNX layers.
-
-    >>> import flax.linen as nn, geoparam
-    >>> geoparam.wrappers.method_shape(nn.DenseGeneral((2, 4)), (16, 2, 4))
-    (16, 8)
-  """
-  return run.method_shape(kernel_shape, feature_shape(layer))
-
-
-def method_names(layer, names):
-  """Sharding names of `layer`'s kernel (or bias), in its own layout, for the method's: the
-  flattened features axis takes the first feature axis's name (`('embed', 'heads', 'kv')` ->
-  `('embed', 'heads')`: blocks of whole heads when the mesh axis divides the heads)."""
-  if names is None:
-    return None
-  names = tuple(names)
-  return names[:max(len(names) - len(feature_shape(layer)) + 1, 0)]
-
-
-def _check_features(name, layer):
-  for features in feature_shape(layer):
-    if isinstance(features, bool) or not isinstance(features, numbers.Integral) or features < 1:
-      raise ValueError(f'{name} needs features >= 1 (integers), got {layer.features!r}.')
+def layout_of(layer, inputs_shape, name) -> kinds.Layout:
+  kind = _kind(layer, name)
+  try:
+    return kind.layout(layer, tuple(inputs_shape))
+  except ValueError as e:
+    raise ValueError(f'{name}: {e}') from None
 
 
 def run_layer(layer: nn.Module, kernel: jax.Array, bias: jax.Array | None, inputs):
   """Runs `layer` (its fields only) with the given `kernel` and optional `bias`."""
-  params = {'kernel': kernel}
+  kind = kinds.of(layer)
+  params = {kind.kernel: kernel}
   if bias is not None:
-    params['bias'] = bias
-  layer = layer.clone(parent=None, name=None, use_bias=bias is not None)
+    params[kind.bias] = bias
+  fields = {'use_bias': bias is not None} if hasattr(layer, 'use_bias') else {}
+  layer = layer.clone(parent=None, name=None, **fields)
   with conv.bypass():  # the transform's interceptor steps aside
     return layer.apply({'params': params}, inputs)
 
@@ -174,16 +115,64 @@ def bypassed() -> bool:
   return conv.bypassed()
 
 
-def contract_axes(layer, ndim: int) -> tuple[int, ...]:
-  """The input axes a layer contracts with its kernel (all fan-in axes but a conv's window).
+def _probe(layer, kernel_size, taps):
+  """`conv.tap_mask`'s probe for a linen `nn.Conv`."""
+  # kernel_init: flax checks a given param's shape against its initializer's.
+  probe = layer.clone(parent=None, name=None, features=taps, kernel_size=kernel_size,
+                      feature_group_count=1, use_bias=False, mask=None, dtype=jnp.float32,
+                      param_dtype=jnp.float32, precision=lax.Precision.HIGHEST,
+                      kernel_init=nn.initializers.zeros)
+  return lambda kernel, ones: probe.apply({'params': {'kernel': kernel}}, ones)
 
-  Any Flax layer: DenseGeneral/LinearGeneral contract their `axis`, the others the last.
+
+
+def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
+             inputs_shape: tuple[int, ...]) -> jax.Array:
+  """`conv(mean * 1)`: what IMN subtracts from `conv(x)`, so `conv(x - mean) = conv(x) - this`.
+
+  The conv of one constant image, exact at padded borders (for every padding,
+  stride, dilation and group count), computed from the per-tap products
+  `w_t^T mean` and `tap_mask` in `(*spatial_out) * taps * features` multiply-adds,
+  not a pass over the activations.
+
+  Args:
+    layer: the `nn.Conv` (its fields; its `mask` field, if any, applies to `kernel`).
+    kernel: `(*kernel_size, in_features // groups, features)`, as the layer uses it.
+    mean: `(in_features,)`, the mean subtracted from every input position.
+    inputs_shape: the shape of the layer's input `(*batch, *spatial_in, in_features)`.
+
+  Returns:
+    `(features,)` when every output position sees a full window of the image (no
+    zero padded or inserted: 'VALID', 'CIRCULAR', 'REFLECT', zero pads, 1x1
+    'SAME'), i.e. `w^T mean` to fold into the bias like a dense layer's; else
+    `(*spatial_out, features)`, broadcasting against the conv's output. In the
+    dtype of `kernel` and `mean` promoted, float32 at least.
+
+  A 3x3 'SAME' conv of ones: a corner window holds 4 pixels, an edge one 6, the interior 9.
+
+    >>> import jax.numpy as jnp, flax.linen as nn, geoparam
+    >>> b = geoparam.wrappers.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)), jnp.ones(1),
+    ...                            (8, 4, 4, 1))
+    >>> b.shape, b[..., 0].tolist()[:2]
+    ((4, 4, 1), [[4.0, 6.0, 6.0, 4.0], [6.0, 9.0, 9.0, 6.0]])
+    >>> geoparam.wrappers.imn_bias(nn.Conv(1, (3, 3), padding='CIRCULAR'), jnp.ones((3, 3, 1, 1)),
+    ...                        jnp.ones(1), (8, 4, 4, 1))  # no zeros padded: one bias
+    Array([9.], dtype=float32)
   """
-  axis = getattr(layer, 'axis', None)
-  if axis is None:
-    return (ndim - 1,)
-  axis = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
-  return tuple(a % ndim for a in axis)
+  num_spatial = kernel.ndim - 2
+  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1]))
+  flat, positions, correction = conv.split(mask, kernel, mean, layer.precision, layer.mask)
+  if positions.size == 0:
+    return flat
+  spatial_out = mask.shape[:-1]
+  full = jnp.broadcast_to(flat, (math.prod(spatial_out), flat.shape[-1]))
+  return full.at[positions].add(correction).reshape(spatial_out + flat.shape[-1:])
+
+
+def tap_mask(layer: nn.Conv, spatial_in) -> np.ndarray:
+  """`geoparam.conv.tap_mask` of a linen conv."""
+  kernel_size = kinds.ints(layer.kernel_size)
+  return conv.tap_mask(layer, spatial_in, _probe(layer, kernel_size, math.prod(kernel_size)))
 
 
 # ----------------------------------------------------------------------------- variables
@@ -261,14 +250,16 @@ def create_params(holder: nn.Module, method: methods.Method, kernel_shape, layer
   return params, methods.base.layer_dtype(params, specs)
 
 
-def layer_ops(layer: nn.Module, ndim: int) -> run.LayerOps:
-  """`run.LayerOps` of a linen Dense/Conv/DenseGeneral for inputs of rank `ndim`."""
-  is_conv = isinstance(layer, nn.Conv)
+def layer_ops(layer: nn.Module, layout: kinds.Layout, ndim: int, imn: bool) -> run.LayerOps:
+  """`run.LayerOps` of a linen layer for inputs of rank `ndim` (IMN's axes when `imn`)."""
+  kind = kinds.of(layer)
+  taps = kind.taps
   return run.LayerOps(
       run=lambda kernel, bias, x: run_layer(layer, kernel, bias, x),
-      contract_axes=contract_axes(layer, ndim), precision=layer.precision,
-      tap_mask=(lambda spatial: conv.tap_mask(layer, spatial)) if is_conv else None,
-      kernel_mask=layer.mask if is_conv else None, features=feature_shape(layer))
+      contract_axes=kind.imn_axes(layer, ndim) if imn else None,
+      precision=getattr(layer, 'precision', None),
+      tap_mask=(lambda spatial: tap_mask(layer, spatial)) if taps else None,
+      kernel_mask=getattr(layer, 'mask', None) if taps else None, layout=layout)
 
 
 def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool:
@@ -277,43 +268,40 @@ def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool
   return bool(names) and all(holder.has_variable('params', n) for n in names)
 
 
-def _variables(holder: nn.Module, method: methods.Method, layer: nn.Module, kernel_shape,
-               use_bias: bool, ops):
+def _variables(holder: nn.Module, method: methods.Method, layer: nn.Module,
+               layout: kinds.Layout, use_bias: bool, ops):
   """`create_params` with the layer's own initializers (noting its kernel's partitioning, its
-  names relabelled to the method's `kernel_shape`)."""
-  dtype = layer.param_dtype
+  names relabelled to the method's layout)."""
+  dtype = getattr(layer, 'param_dtype', jnp.float32)
+  kernel_shape = layout.method_shape
   boxes = [] if ops is None else [None]
 
   def relabel(value):  # a box of the layer's layout in the method's
     box = _box_of(value)
     return value if box is None else dataclasses.replace(
-        box, names=method_names(layer, box.names))
+        box, names=layout.names(box.names))
+
+  own = methods.Layer()  # a layer without initializer fields gets Flax's defaults
+  own_kernel_init = getattr(layer, 'kernel_init', own.kernel_init)
+  own_bias_init = getattr(layer, 'bias_init', own.bias_init)
 
   def kernel_init(key, shape, dtype=jnp.float32):  # the layer's own, noting its metadata
-    value = relabel(layer.kernel_init(key, shape, dtype))
+    value = relabel(own_kernel_init(key, shape, dtype))
     if not boxes:
       boxes.append(_box_of(value))
     return value
 
   def bias_init(key, shape, dtype=jnp.float32):
-    return relabel(layer.bias_init(key, shape, dtype))
+    return relabel(own_bias_init(key, shape, dtype))
 
   def box():  # the kernel's partitioning metadata (traced only if no variable drew a kernel)
     if not boxes:
       boxes.append(_box_of(relabel(jax.eval_shape(
-          lambda k: layer.kernel_init(k, kernel_shape, dtype), jax.random.key(0)))))
+          lambda k: own_kernel_init(k, kernel_shape, dtype), jax.random.key(0)))))
     return boxes[0]
 
-  layer_init = methods.Layer(kernel_init, bias_init if hasattr(layer, 'bias_init') else None,
-                             use_bias)
+  layer_init = methods.Layer(kernel_init, bias_init, use_bias)
   return create_params(holder, method, kernel_shape, layer_init, dtype, box)
-
-
-def _method_kernel_shape(holder, layer, inputs_shape):
-  """The kernel shape the method sees (features flattened), checked; and the layer's name."""
-  name = _describe(holder, layer)
-  _check_features(name, layer)
-  return method_shape(layer, layer_kernel_shape(layer, inputs_shape, name)), name
 
 
 def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
@@ -332,17 +320,25 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   BatchNorm the whole-model transform drops (`add_bias`).
   """
   inputs = jnp.asarray(inputs)
-  kernel_shape, name = _method_kernel_shape(holder, layer, inputs.shape)
+  name = _describe(holder, layer)
+  layout = layout_of(layer, inputs.shape, name)
+  kernel_shape = layout.method_shape
   methods.base.check_fan_in(method, kernel_shape, name)
-  use_bias = getattr(layer, 'use_bias', True) or _holds_bias(holder, method, kernel_shape)
+  use_bias = kinds.of(layer).has_bias(layer) or _holds_bias(holder, method, kernel_shape)
+  if method.imn is not None and ops is None:
+    try:
+      kinds.of(layer).imn_axes(layer, inputs.ndim)
+    except ValueError as e:
+      raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
   input_mean = None
   if method.imn is not None:
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
-  params, compute = _variables(holder, method, layer, kernel_shape, use_bias, ops)
+  params, compute = _variables(holder, method, layer, layout, use_bias, ops)
+  ops = ops or layer_ops(layer, layout, inputs.ndim, method.imn is not None)
   try:
-    return run.forward(method, params, ops or layer_ops(layer, inputs.ndim), inputs,
+    return run.forward(method, params, ops, inputs,
                        kernel_shape, input_mean, compute)
   except flax.errors.ScopeCollectionNotFound as e:
     if method.imn is None:
@@ -359,20 +355,13 @@ def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs
   from a compact method of it) and adds the bias it stands for to the layer's `outputs` on
   `inputs`. The whole-model transform gives one so to a layer whose BatchNorm it drops.
   """
-  kernel_shape, _ = _method_kernel_shape(holder, layer, jnp.shape(inputs))
-  params, _ = _variables(holder, method, layer, kernel_shape, True, None)
-  _, bias = method.apply(params, kernel_shape)
-  return outputs + bias.reshape(feature_shape(layer)).astype(outputs.dtype)
+  layout = layout_of(layer, jnp.shape(inputs), _describe(holder, layer))
+  params, _ = _variables(holder, method, layer, layout, True, None)
+  _, bias = method.apply(params, layout.method_shape)
+  return outputs + bias.reshape(layout.units).astype(outputs.dtype)
 
 
 # ----------------------------------------------------------------------------- wrapper modules
-
-def _check_layer(wrapper, layer):
-  if not isinstance(layer, LAYER_TYPES):
-    raise TypeError(
-        f'{wrapper} wraps {", ".join(t.__name__ for t in LAYER_TYPES)}; got '
-        f'{type(layer).__name__}.')
-
 
 class _Wrapper(nn.Module):
   """A layer run with the kernel and bias of a method (`get_method`); fields in subclasses."""
@@ -386,7 +375,7 @@ class _Wrapper(nn.Module):
 
     `use_running_average`: IMN's switch, as `nn.BatchNorm` (methods with IMN only).
     """
-    _check_layer(type(self).__name__, self.layer)
+    _kind(self.layer, f'{type(self).__name__} of a {type(self.layer).__name__}')
     return call(self, self.get_method(), self.layer, inputs, use_running_average,
                 getattr(self, 'use_running_average', None))
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from geoparam.activations import PReLU, prelu
+from geoparam import PReLU, prelu
 
 
 @pytest.fixture

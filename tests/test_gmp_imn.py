@@ -63,7 +63,7 @@ def test_conv_imn_subtracts_before_padding():
 
 
 # ----------------------------------------------------------------------------- conv IMN (issue 17)
-# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.conv.imn_bias`), never a pass over x: equal to
+# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.wrappers.imn_bias`), never a pass over x: equal to
 # the explicit subtraction for every padding (zeros padded or not), stride, dilation, group count
 # and number of spatial dims, in training (batch mean, its gradient into x) and evaluation.
 
@@ -190,10 +190,10 @@ def test_imn_bias_is_per_position_exactly_where_zeros_are_padded(x64, i):
   case = IMN_CONV_CASES[i]
   x = _conv_input(case)
   layer = nn.Conv(4, param_dtype=jnp.float64, **case)
-  kernel = jax.random.normal(jax.random.key(2), geoparam.wrappers.layer_kernel_shape(
-      layer, x.shape), jnp.float64)
+  kernel = jax.random.normal(jax.random.key(2), geoparam.wrappers.layout_of(
+      layer, x.shape, 'conv').kernel_shape, jnp.float64)
   mean = jnp.arange(1.0, 5.0)
-  bias = geoparam.conv.imn_bias(layer, kernel, mean, x.shape)
+  bias = geoparam.wrappers.imn_bias(layer, kernel, mean, x.shape)
   # conv of the constant image itself (batch 1), the definition.
   want = layer.apply({'params': {'kernel': kernel, 'bias': jnp.zeros(4)}},
                      jnp.broadcast_to(mean, (1,) + x.shape[1:]))[0]
@@ -205,7 +205,7 @@ def test_conv_imn_makes_no_pass_over_the_activations_when_folded():
   """Folded (activations larger than the kernel, `gmp.imn_subtracts`): no elementwise op on an
   input-shaped array; the conv reads x, the batch mean reduces it."""
   x = jnp.ones((8, 6, 6, 3))
-  assert not geoparam.gmp.imn_subtracts(x.shape, (3, 3, 3, 4))
+  assert not geoparam.methods.run.imn_subtracts(x.shape, (3, 3, 3, 4))
   for layer in (geoparam.GmPConv(4, (3, 3), input_mean_norm=True),
                 geoparam.GmP(nn.Conv(4, (3, 3)), input_mean_norm=True)):
     v = layer.init(jax.random.key(0), x, use_running_average=False)
@@ -217,7 +217,7 @@ def test_conv_imn_makes_no_pass_over_the_activations_when_folded():
 def test_small_activations_subtract_the_mean_instead():
   """Activations smaller than the kernel: `x - mean` (one op on x) and no kernel-sized fold."""
   x = jnp.ones((1, 2, 2, 8))
-  assert geoparam.gmp.imn_subtracts(x.shape, (3, 3, 8, 16))
+  assert geoparam.methods.run.imn_subtracts(x.shape, (3, 3, 8, 16))
   for layer in (geoparam.GmPConv(16, (3, 3), input_mean_norm=True),
                 geoparam.GmP(nn.Conv(16, (3, 3)), input_mean_norm=True)):
     v = layer.init(jax.random.key(0), x, use_running_average=False)

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from geoparam.activations import PReLU
+from geoparam import PReLU
 from geoparam.linear_constrained import LCWDense
 from geoparam.masks import decay_mask, decay_mask_by
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,25 @@ import pytest
 import geoparam
 import geoparam.nnx as gnnx
 import training
+
+
+def _hashable(value):
+  return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
+def linen_twin(layer):
+  """The linen layer computing what the NNX `layer` computes (same kernel layout); no params."""
+  common = dict(use_bias=layer.use_bias, dtype=layer.dtype, param_dtype=layer.param_dtype,
+                precision=layer.precision)
+  if isinstance(layer, nnx.Conv):
+    return nn.Conv(layer.out_features, tuple(layer.kernel_size), strides=_hashable(layer.strides),
+                   padding=_hashable(layer.padding),
+                   input_dilation=_hashable(layer.input_dilation),
+                   kernel_dilation=_hashable(layer.kernel_dilation),
+                   feature_group_count=layer.feature_group_count, **common)
+  if isinstance(layer, nnx.LinearGeneral):
+    return nn.DenseGeneral(tuple(layer.out_features), axis=tuple(layer.axis), **common)
+  return nn.Dense(layer.out_features, **common)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,7 +144,7 @@ def test_nnx_wrapper_equals_linen_wrapper_on_the_same_params_float64(name, make,
     x = _x(shape, dtype=jnp.float64)
     for _, var in nnx.to_flat_state(nnx.state(wrapper)):
       var.set_value(jnp.asarray(var.get_value(), jnp.float64))
-    linen = geoparam.Reparam(gnnx.linen_twin(layer).clone(param_dtype=jnp.float64), method)
+    linen = geoparam.Reparam(linen_twin(layer).clone(param_dtype=jnp.float64), method)
     variables = wrapper.linen_variables()
     stats = 'batch_stats' in variables
     y_ref, g_ref, _ = _linen_value_and_grad(linen, variables, x, stats)

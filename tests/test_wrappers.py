@@ -106,7 +106,7 @@ def test_lcw_and_cwn_wrappers_equal_paper_form_layers(x64):
                                paper.apply({'params': params}, x), rtol=1e-12, atol=1e-12)
   # LCW's kernel sums to zero per unit; an explicit basis matrix gives the same kernel.
   v = jax.random.normal(jax.random.key(3), (6, 3), jnp.float64)
-  np.testing.assert_allclose(geoparam.wrappers.kernel_from_v(v),
+  np.testing.assert_allclose(geoparam.methods.lcw.kernel_from_v(v),
                              geoparam.lcw.basis(7, jnp.float64) @ v, atol=1e-12)
 
 
@@ -248,8 +248,11 @@ def test_imn_axis_name_averages_over_the_named_axis():
 
 def test_unsupported_layers_and_shapes_are_named():
   x = jnp.ones((2, 5, 5, 3))
-  with pytest.raises(TypeError, match='ConvTranspose'):
-    geoparam.GmP(nn.ConvTranspose(4, (3, 3))).init(jax.random.key(0), x)
+  with pytest.raises(TypeError, match='ConvLocal'):
+    geoparam.GmP(nn.ConvLocal(4, (3, 3))).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match='IMN has no exact form for a ConvTranspose'):
+    geoparam.GmP(nn.ConvTranspose(4, (3, 3)), input_mean_norm=True).init(
+        jax.random.key(0), x, use_running_average=False)
   with pytest.raises(ValueError, match=r'Reparam\(DenseGeneral\).*batch_dims'):
     geoparam.Reparam(nn.DenseGeneral((2, 3), batch_dims=(0,)), 'wn').init(jax.random.key(0), x)
   with pytest.raises(ValueError, match='features >= 1'):

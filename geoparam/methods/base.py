@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping
 import math
 from typing import Any, NamedTuple
 
-import flax.linen as nn
+from flax.core import meta
+from jax.nn import initializers as jinit
 import jax
 import numpy as np
 
@@ -78,8 +79,8 @@ class Layer(NamedTuple):
   `nn.Partitioned` boxes: methods unbox what they transform); `use_bias`: whether
   the layer has a bias.
   """
-  kernel_init: Initializer = nn.initializers.lecun_normal()
-  bias_init: Initializer = nn.initializers.zeros
+  kernel_init: Initializer = jinit.lecun_normal()
+  bias_init: Initializer = jinit.zeros
   use_bias: bool = True
 
 
@@ -158,7 +159,7 @@ def init(method: Method, key: jax.Array, kernel_shape: Shape, layer: Layer = Lay
   """
   kernel_shape = tuple(kernel_shape)
   specs = method.params(kernel_shape, layer, lambda: jax.random.fold_in(key, 1 << 20))
-  return {name: nn.meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, stored_dtype(p, dtype)))
+  return {name: meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, stored_dtype(p, dtype)))
           for i, (name, p) in enumerate(specs.items())}
 
 

@@ -13,7 +13,7 @@ norm `|scale|`. A kernel whose units do not sum to zero has no CWN form.
 
 from __future__ import annotations
 
-import flax.linen as nn
+from jax.nn import initializers as jinit
 import jax
 import jax.numpy as jnp
 
@@ -39,7 +39,7 @@ def centered_weight_norm(kernel: jax.Array, scale: jax.Array, epsilon: float = 1
   return weight_norm(kernel - jnp.mean(kernel, axis=axes, keepdims=True), scale, epsilon)
 
 
-def cwn(scale_init=nn.initializers.ones, epsilon: float = 1e-12) -> base.Method:
+def cwn(scale_init=jinit.ones, epsilon: float = 1e-12) -> base.Method:
   """Centred weight normalization as a `Method`."""
   return normed('cwn', centered_weight_norm, scale_init, epsilon, min_fan_in=2,
                 fan_in_reason='a centred single weight is always zero', zero_sum=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import flax.linen as nn
+from jax.nn import initializers as jinit
 from flax.core import meta
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,7 @@ from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam.methods import base
 
-__all__ = ['gmp', 'gmp_imn', 'INITIALIZATIONS', 'unit', 'gmp_kernel', 'from_dense_traced',
+__all__ = ['gmp', 'gmp_imn', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel', 'from_dense_traced',
            'from_dense', 'to_dense', 'columns']
 
 INITIALIZATIONS = ('paper', 'layer')
@@ -277,8 +277,8 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
       shapes['sign'] = (features,)
     if initialization == 'paper':
       inits = {'theta': theta_init or initializers.sphere_uniform(),
-               'lam': lam_init or nn.initializers.zeros,
-               'scale': scale_init or nn.initializers.ones, 'sign': initializers.rademacher()}
+               'lam': lam_init or jinit.zeros,
+               'scale': scale_init or jinit.ones, 'sign': initializers.rademacher()}
     else:
       # one draw, all variables from it (new_key gives the same key on every call)
       draw = lambda dtype: from_dense_traced(*_layer_draw(layer, kernel_shape, dtype, new_key()))
@@ -295,3 +295,29 @@ def gmp_imn(momentum: float = 0.99, axis_name: str | None = None, initialization
   """GmP with input mean normalization: `with_imn(gmp(...), momentum, axis_name)`."""
   method = gmp(initialization, theta_init, lam_init, scale_init)
   return base.with_imn(method, momentum, axis_name)._replace(name='gmp_imn')
+
+
+def _unit_apply(params, kernel_shape):
+  """The paper form's `(kernel, bias)`: `(u, lam)`; the scale multiplies after the activation."""
+  u, lam, _ = unit(params)
+  return u.reshape(kernel_shape), lam
+
+
+def paper_method(fields, fan_in: int) -> base.Method:
+  """The `gmp` method of a paper-form layer: its initializers (and IMN), computing `(u, lam)`.
+
+  `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
+  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`.
+  """
+  if fields.scale_init is not None:
+    scale_init = fields.scale_init
+  elif fields.glorot_scale:
+    scale_init = initializers.glorot_norm(fan_in, fields.features)
+  else:
+    scale_init = jinit.ones
+  options = dict(theta_init=fields.theta_init, lam_init=fields.lam_init, scale_init=scale_init)
+  if fields.input_mean_norm:
+    method = gmp_imn(momentum=fields.momentum, axis_name=fields.axis_name, **options)
+  else:
+    method = gmp(**options)
+  return method._replace(apply=_unit_apply)

@@ -9,7 +9,7 @@ zero-padded convs and the dtype policy, is here, once.
 IMN (paper 002 eq. 16) never needs a pass over the activations to be exact:
 `layer(x - mu) = layer(x) - layer(mu * 1)`, for a dense layer `kernel^T mu`
 folded into the bias, for a conv the conv of one constant image
-(`geoparam.conv.imn_split`: a bias plus a correction at the output positions
+(`geoparam.conv.split`: a bias plus a correction at the output positions
 whose windows hold padded zeros). Where the input is smaller than the kernel
 it is cheaper to subtract the mean from the input (`imn_subtracts`).
 """
@@ -28,7 +28,7 @@ from geoparam import conv
 from geoparam.methods.base import Method
 
 __all__ = ['LayerOps', 'forward', 'imn_subtracts', 'flatten_contracted', 'subtract_mean',
-           'params_dtype', 'method_shape', 'layer_layout']
+           'params_dtype']
 
 
 class LayerOps(NamedTuple):
@@ -38,57 +38,21 @@ class LayerOps(NamedTuple):
     run: `run(kernel, bias, inputs) -> outputs`: the layer with this kernel and
       bias (None: no bias) in the layer's own layout, its own semantics (padding,
       groups, dtypes, precision).
-    contract_axes: the input axes the layer contracts with its kernel (a conv's
-      window aside): IMN's mean is taken per position of these axes.
+    contract_axes: the input axes IMN's mean is taken per position of
+      (`geoparam.kinds.Kind.imn_axes`); None without IMN.
     precision: the layer's `precision`, for IMN's fold.
     tap_mask: convs only, `tap_mask(spatial_in) -> (*spatial_out, taps)`
       (`geoparam.conv.tap_mask`): what each kernel tap sees of an image of ones.
     kernel_mask: a conv's `mask` over its kernel, or None.
-    features: the layer's output features (`(F,)`, or a DenseGeneral's
-      `(heads, head_dim)`); `forward` hands `run` the method's kernel and bias in
-      this layout (`layer_layout`). None: one axis.
+    layout: the layer's `geoparam.kinds.Layout`; `forward` hands `run` the
+      method's kernel and bias in the layer's layout. None: the method's.
   """
   run: Callable[[jax.Array, jax.Array | None, jax.Array], jax.Array]
-  contract_axes: tuple[int, ...]
+  contract_axes: tuple[int, ...] | None
   precision: Any = None
   tap_mask: Callable[[tuple[int, ...]], np.ndarray] | None = None
   kernel_mask: Any = None
-  features: tuple[int, ...] | None = None
-
-
-def method_shape(kernel_shape: Sequence[int], features: Sequence[int]) -> tuple[int, ...]:
-  """The kernel shape a method sees for a layer's kernel `(*fan_in_axes, *features)`: its
-  output features flattened into one last axis, `(*fan_in_axes, prod(features))`.
-
-  A method's units are all the layer's outputs (one `(head, dim)` of a q projection) and
-  their fan-in the other axes; a layer with one output axis is seen as it is.
-  `layer_layout` goes back.
-
-    >>> method_shape((16, 4, 8), (4, 8)), method_shape((3, 3, 2, 8), (8,))
-    ((16, 32), (3, 3, 2, 8))
-  """
-  kernel_shape, features = tuple(kernel_shape), tuple(features)
-  n = len(kernel_shape) - len(features)
-  if n < 0 or kernel_shape[n:] != features:
-    raise ValueError(f'a kernel of shape {kernel_shape} does not end with the features '
-                     f'{features}.')
-  return kernel_shape[:n] + (math.prod(features),)
-
-
-def layer_layout(kernel, bias, features: Sequence[int] | None):
-  """A method's `kernel (*fan_in_axes, F)` and `bias (F,)` (or None) in the layer's layout:
-  `(*fan_in_axes, *features)` and `features` (the inverse of `method_shape`; jax or numpy).
-
-    >>> import numpy as np
-    >>> k, b = layer_layout(np.zeros((16, 32)), np.zeros(32), (4, 8))
-    >>> k.shape, b.shape
-    ((16, 4, 8), (4, 8))
-  """
-  if features is None or len(features) == 1:
-    return kernel, bias
-  features = tuple(features)
-  return (kernel.reshape(kernel.shape[:-1] + features),
-          None if bias is None else bias.reshape(features))
+  layout: Any = None
 
 
 def imn_subtracts(inputs_shape: Sequence[int], kernel_shape: Sequence[int]) -> bool:
@@ -142,7 +106,7 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
     params: its stored variables.
     ops: how to run the layer.
     inputs: the layer's input.
-    kernel_shape: the method's, `(*fan_in_axes, F)` (`method_shape`).
+    kernel_shape: the method's, `(*fan_in_axes, F)` (`kinds.Layout.method_shape`).
     input_mean: with IMN, `input_mean(flat) -> (n,)`: the mean to subtract from the
       inputs flattened by `flatten_contracted` (batch mean or running mean; the
       framework keeps the running statistics).
@@ -165,7 +129,7 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
   kernel, bias = method.apply(params, kernel_shape)
   dtype = params_dtype(params) if dtype is None else dtype
   cast = lambda a: None if a is None else a.astype(dtype)
-  run = lambda k, b, x: ops.run(*layer_layout(k, b, ops.features), x)
+  run = lambda k, b, x: ops.run(*((k, b) if ops.layout is None else ops.layout.to_layer(k, b)), x)
   mean = None
   if method.imn is not None:
     axes = ops.contract_axes

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import flax.linen as nn
+from jax.nn import initializers as jinit
 from flax.core import meta
 import jax
 import jax.numpy as jnp
@@ -75,6 +75,6 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
   return base.Method(name, params, apply, convert, bake, min_fan_in, fan_in_reason)
 
 
-def wn(scale_init=nn.initializers.ones, epsilon: float = 1e-12) -> base.Method:
+def wn(scale_init=jinit.ones, epsilon: float = 1e-12) -> base.Method:
   """Weight normalization as a `Method` (`scale_init`: the gain's initializer)."""
   return normed('wn', weight_norm, scale_init, epsilon)

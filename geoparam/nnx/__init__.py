@@ -15,7 +15,6 @@ from geoparam.nnx.modules import GmP
 from geoparam.nnx.modules import GmPConv
 from geoparam.nnx.modules import GmPLinear
 from geoparam.nnx.modules import InputMeanNorm
-from geoparam.nnx.modules import LAYER_TYPES
 from geoparam.nnx.modules import LCW
 from geoparam.nnx.modules import LCWConv
 from geoparam.nnx.modules import LCWLinear
@@ -23,14 +22,13 @@ from geoparam.nnx.modules import MeanOnlyBatchNorm
 from geoparam.nnx.modules import PReLU
 from geoparam.nnx.modules import Reparam
 from geoparam.nnx.modules import WN
-from geoparam.nnx.modules import linen_twin
 from geoparam.nnx.transform import DroppedBatchNorm
 from geoparam.nnx.transform import bake
 from geoparam.nnx.transform import reparameterize
 
 __all__ = [
   'CWN', 'CWNConv', 'CWNLinear', 'DroppedBatchNorm', 'GmP', 'GmPConv', 'GmPLinear',
-  'InputMeanNorm', 'LAYER_TYPES', 'LCW', 'LCWConv', 'LCWLinear', 'MeanOnlyBatchNorm', 'PReLU',
-  'Reparam', 'WN', 'bake', 'he_normal', 'he_uniform', 'linen_twin',
+  'InputMeanNorm', 'LCW', 'LCWConv', 'LCWLinear', 'MeanOnlyBatchNorm', 'PReLU',
+  'Reparam', 'WN', 'bake', 'he_normal', 'he_uniform',
   'reparameterize',
 ]

@@ -34,8 +34,8 @@ import numbers
 import types
 from typing import Any
 
-import flax.linen as nn
 from flax import nnx
+from flax.core import meta
 from flax.nnx import variablelib
 import jax
 import jax.numpy as jnp
@@ -44,24 +44,23 @@ import numpy as np
 
 from geoparam import activations
 from geoparam import conv
-from geoparam import gmp
+from geoparam import exact
 from geoparam import initializers
+from geoparam import kinds
 from geoparam import methods
 from geoparam import normalization
-from geoparam import transform
-from geoparam import wrappers
 from geoparam.methods import run
+from geoparam.methods.gmp import paper_method
+from geoparam.selection import name as _path_name
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
-           'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'LAYER_TYPES',
-           'linen_twin', 'layer_ops']
+           'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'layer_ops']
 
-# The NNX layers the wrappers accept.
-LAYER_TYPES = (nnx.Linear, nnx.Conv, nnx.LinearGeneral)
-
-# Kernel layers `geoparam.nnx.reparameterize` refuses when its selection picks them (as the
-# linen transform's `wrappers.UNSUPPORTED_TYPES`).
-UNSUPPORTED_TYPES = (nnx.Einsum, nnx.ConvTranspose)
+kinds.register(kinds.DENSE, nnx.Linear)
+kinds.register(kinds.CONV, nnx.Conv)
+kinds.register(kinds.GENERAL, nnx.LinearGeneral)
+kinds.register(kinds.EINSUM, nnx.Einsum)
+kinds.register(kinds.CONV_TRANSPOSE, nnx.ConvTranspose)
 
 
 # ----------------------------------------------------------------------------- running the layer
@@ -86,70 +85,58 @@ def _probe(layer, kernel, ones):
   return type(layer).__call__(view, jnp.asarray(ones))
 
 
-def layer_ops(layer: nnx.Module, ndim: int, out_sharding=None) -> run.LayerOps:
-  """`run.LayerOps` of an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` for inputs of rank `ndim`.
+def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
+              out_sharding=None) -> run.LayerOps:
+  """`run.LayerOps` of an NNX layer for inputs of rank `ndim` (IMN's axes when `imn`).
 
   The layer's own `__call__` runs on a view of it whose kernel and bias are the given ones
   (`out_sharding`: passed to it when given, as `nnx.MultiHeadAttention` does).
   """
-  is_conv = isinstance(layer, nnx.Conv)
+  kind = kinds.of(layer)
   kwargs = {} if out_sharding is None else {'out_sharding': out_sharding}
 
   def run_layer(kernel, bias, x):
-    return type(layer).__call__(_View(layer, kernel=kernel, bias=bias, use_bias=bias is not None),
-                                x, **kwargs)
+    view = _View(layer, **{kind.kernel: kernel, kind.bias: bias, 'use_bias': bias is not None})
+    return type(layer).__call__(view, x, **kwargs)
 
   tap_mask = None
-  if is_conv:
+  if kind.taps:
     tap_mask = lambda spatial: conv.tap_mask(layer, spatial,
                                              probe=lambda k, o: _probe(layer, k, o))
-  return run.LayerOps(run_layer, wrappers.contract_axes(layer, ndim), layer.precision, tap_mask,
-                      layer.mask if is_conv else None, wrappers.feature_shape(layer))
+  return run.LayerOps(run_layer, kind.imn_axes(layer, ndim) if imn else None,
+                      getattr(layer, 'precision', None), tap_mask,
+                      getattr(layer, 'mask', None) if kind.taps else None, layout)
 
 
-def _layer_type(layer):
-  for cls in LAYER_TYPES:
-    if isinstance(layer, cls):
-      return cls
-  return None
-
-
-def _check_layer(layer, name):
-  """Raises for layers that cannot be reparameterized; returns the layer's kernel shape."""
-  cls = _layer_type(layer)
-  if cls is None:
-    raise TypeError(
-        f'{name} cannot be reparameterized: accepted layer types are '
-        f'{", ".join("nnx." + t.__name__ for t in LAYER_TYPES)}.')
+def _check_layer(layer, name) -> kinds.Layout:
+  """Raises for layers that cannot be reparameterized; returns the layer's own layout."""
+  kind = kinds.of(layer)
+  if kind is None or kind.refused:
+    accepted = [f'nnx.{c.__name__}' if c.__module__.startswith('flax') else c.__name__
+                for c, k in kinds.REGISTRY.items() if not k.refused and issubclass(c, nnx.Module)]
+    raise TypeError(f'{name} cannot be reparameterized: accepted layer types are '
+                    f'{", ".join(accepted)} (geoparam.kinds.register adds one).')
   if getattr(layer, 'preferred_element_type', None) is not None:
     raise ValueError(f'{name}: preferred_element_type is not supported (got '
                      f'{layer.preferred_element_type!r}); leave it None.')
-  if cls is nnx.Conv and layer.mask is not None:
-    raise ValueError(f'{name}: a masked nnx.Conv (mask=...) is not supported.')
-  if cls is nnx.LinearGeneral and layer.batch_axis:
-    raise ValueError(f'{name}: a LinearGeneral with batch_axis (one kernel per batch entry) '
-                     f'cannot be reparameterized (batch_axis={dict(layer.batch_axis)!r}); '
-                     'exclude it.')
-  return tuple(layer.kernel.shape)
+  if kind.taps and getattr(layer, 'mask', None) is not None:
+    raise ValueError(f'{name}: a masked {type(layer).__name__} (mask=...) is not supported.')
+  try:
+    return kind.layout(layer, kind.example_shape(layer))
+  except ValueError as e:
+    raise ValueError(f'{name}: {e}') from None
 
 
-def _kernel_shape_for(layer, inputs_shape, name):
-  """The kernel shape `layer` would need for inputs of this shape (to check the stored one)."""
-  if isinstance(layer, nnx.Conv):
-    return conv.kernel_shape(name, tuple(layer.kernel_size), inputs_shape, layer.out_features,
-                             layer.feature_group_count)
-  if isinstance(layer, nnx.LinearGeneral):
-    axes = wrappers.contract_axes(layer, len(inputs_shape))
-    return tuple(inputs_shape[a] for a in axes) + tuple(layer.out_features)
-  if len(inputs_shape) < 1:
-    raise ValueError(f'{name} expects inputs (..., fan_in), got a scalar.')
-  return (inputs_shape[-1], layer.out_features)
+def layout_of(layer, path=()) -> kinds.Layout:
+  """The `kinds.Layout` of an NNX layer (from its fields), errors naming `path`."""
+  return _check_layer(layer, _path_name(path))
 
 
 def _mean_width(layer) -> int:
   """Width of IMN's running mean: the contracted input axes (a conv's input channels)."""
-  features = layer.in_features
-  return math.prod(features) if isinstance(features, Sequence) else int(features)
+  kind = kinds.of(layer)
+  shape = kind.example_shape(layer)
+  return math.prod(shape[a] for a in kind.imn_axes(layer, len(shape)))
 
 
 # ----------------------------------------------------------------------------- variables
@@ -159,7 +146,7 @@ def _unbox(value):
   if isinstance(value, variablelib.VariableMetadata):
     names = value.metadata.get('out_sharding') or value.metadata.get('sharding_names')
     return value.raw_value, (tuple(names) if names else None)
-  if isinstance(value, nn.Partitioned):
+  if isinstance(value, meta.Partitioned):
     return value.value, tuple(value.names)
   return value, None
 
@@ -216,6 +203,7 @@ def _check_positive(name, what, value):
 
 
 _RESERVED = ('layer', 'held_layer', 'method', 'param_names', 'wide_names', 'kernel_shape',
+             'layout', 'layer_has_bias',
              'kernel_names', 'kernel_dtype', 'use_running_average', 'input_mean_norm')
 
 
@@ -238,11 +226,17 @@ class _Reparameterized(nnx.Module):
 
   def _setup(self, layer, method: methods.Method, name: str, rngs: nnx.Rngs | None,
              use_running_average, layer_init: methods.Layer, kernel_names, params=None):
-    layer_shape = _check_layer(layer, name)
-    kernel_shape = wrappers.method_shape(layer, layer_shape)  # what the method sees
-    method_names = wrappers.method_names(layer, kernel_names)
+    layout = _check_layer(layer, name)
+    kernel_shape = layout.method_shape  # what the method sees
+    method_names = layout.names(kernel_names)
     methods.base.check_fan_in(method, kernel_shape, name)
-    dtype = layer.param_dtype
+    kind = kinds.of(layer)
+    if method.imn is not None:
+      try:
+        kind.imn_axes(layer, len(kind.example_shape(layer)))
+      except ValueError as e:
+        raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
+    dtype = getattr(layer, 'param_dtype', None) or getattr(layer, kind.kernel).dtype
     keys = rngs.params if rngs is not None else _Keys()
     joint = []
 
@@ -269,12 +263,14 @@ class _Reparameterized(nnx.Module):
     if method.imn is not None:
       mean = jnp.zeros(_mean_width(layer), jnp.promote_types(dtype, jnp.float32))
       self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
+    self.layer_has_bias = kind.has_bias(layer)
     stripped = nnx.clone(layer)
-    del stripped.kernel
-    stripped.bias = None
+    delattr(stripped, kind.kernel)
+    setattr(stripped, kind.bias, None)
     self.held_layer = _Held(stripped)  # its fields only: no variables, not a graph node
     self.method = method
-    self.kernel_shape = layer_shape  # the layer's own; the method's is wrappers.method_shape
+    self.layout = layout
+    self.kernel_shape = layout.kernel_shape  # the layer's own; the method's: layout.method_shape
     self.kernel_names = tuple(kernel_names) if kernel_names else None
     self.kernel_dtype = dtype
     self.use_running_average = use_running_average
@@ -313,7 +309,10 @@ class _Reparameterized(nnx.Module):
     """`(outputs, new running mean)` from the given variables (none read from `self`)."""
     inputs = jnp.asarray(inputs)
     name = type(self).__name__
-    need = _kernel_shape_for(self.layer, inputs.shape, name)
+    try:
+      need = kinds.of(self.layer).layout(self.layer, inputs.shape).kernel_shape
+    except ValueError as e:
+      raise ValueError(f'{name}: {e}') from None
     if tuple(need) != self.kernel_shape:
       raise ValueError(f'{name}: the inputs {inputs.shape} need a kernel of shape {tuple(need)}, '
                        f'but the params are for {self.kernel_shape} (the fan_in or the features '
@@ -326,8 +325,8 @@ class _Reparameterized(nnx.Module):
       return batch
 
     plain = [v for n, v in params.items() if n not in self.wide_names] or list(params.values())
-    y = run.forward(self.method, params, layer_ops(self.layer, inputs.ndim, out_sharding),
-                    inputs, wrappers.method_shape(self.layer, self.kernel_shape),
+    ops = layer_ops(self.layer, self.layout, inputs.ndim, imn is not None, out_sharding)
+    y = run.forward(self.method, params, ops, inputs, self.layout.method_shape,
                     input_mean if imn is not None else None, jnp.result_type(*plain))
     return self._post(y, params), new_mean[0]
 
@@ -396,17 +395,19 @@ class Reparam(_Reparameterized):
     self._wrap(layer, method, name, rngs, use_running_average, params)
 
   def _wrap(self, layer, method, name, rngs, use_running_average, params=None):
-    kernel_shape = _check_layer(layer, name)
-    bias = layer.bias[...] if layer.use_bias else None
+    layout = _check_layer(layer, name)
+    kind = kinds.of(layer)
+    kernel, bias = _weights(layer)
     # a bias-free layer gets the method's bias term only from given params that hold it (the
     # transform's layers whose BatchNorm is dropped), as in linen (`wrappers.call`)
-    bias_names = methods.base.bias_names(method, wrappers.method_shape(layer, kernel_shape))
-    use_bias = layer.use_bias or (
+    bias_names = methods.base.bias_names(method, layout.method_shape)
+    use_bias = kind.has_bias(layer) or (
         params is not None and bool(bias_names) and set(bias_names) <= set(params))
-    layer_init = methods.Layer(_constant(layer.kernel[...]),
-                               _constant(bias) if bias is not None else nnx.initializers.zeros,
-                               use_bias)
-    names = layer.kernel.get_metadata().get('out_sharding')
+    # the method draws from the layer's current weights, in its own layout
+    layer_init = methods.Layer(_constant(layout.to_method(kernel[...])),
+                               _constant(bias[...].reshape(-1)) if bias is not None
+                               else nnx.initializers.zeros, use_bias)
+    names = kernel.get_metadata().get('out_sharding')
     self._setup(layer, method, name, rngs, use_running_average, layer_init, names, params)
 
   def __call__(self, inputs, use_running_average: bool | None = None, out_sharding=None):
@@ -429,33 +430,32 @@ class Reparam(_Reparameterized):
     mean = None
     if self.method.imn is not None:
       mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
-    kernel, bias = transform.plain_layer(self.method, self.layer, self.params(),
-                                         self.kernel_shape, mean, path, approximate_borders,
-                                         self.stack)
+    kernel, bias = exact.plain_layer(self.method, self.layer, self.params(), self.layout, mean,
+                                     path, approximate_borders, self.stack)
     plain = nnx.clone(self.layer)
-    plain.kernel = _param(jnp.asarray(kernel, self.kernel_dtype),
-                          None if self.stack else self.kernel_names)
-    if plain.use_bias:
-      plain.bias = nnx.Param(jnp.asarray(bias, self.kernel_dtype))
+    kind = kinds.of(plain)
+    setattr(plain, kind.kernel, _param(jnp.asarray(kernel, self.kernel_dtype),
+                                       None if self.stack else self.kernel_names))
+    if self.layer_has_bias:
+      setattr(plain, kind.bias, nnx.Param(jnp.asarray(bias, self.kernel_dtype)))
     elif np.any(bias != 0) and not carry_bias:
-      raise ValueError(f'layer {transform._name(path)}: the plain layer has '
+      raise ValueError(f'layer {_path_name(path)}: the plain layer has '
                        'use_bias=False but the reparameterized one has a nonzero bias: no plain '
                        'weights match.')
     return plain, bias
 
 
+def _weights(layer):
+  """`(kernel, bias)` variables of a plain NNX layer (bias None when it has none)."""
+  kind = kinds.of(layer)
+  return getattr(layer, kind.kernel), getattr(layer, kind.bias) if kind.has_bias(layer) else None
+
+
 def stacked_axes(layer: nnx.Module, path=()) -> tuple[int, ...]:
   """The leading axes `nnx.vmap` stacked `layer`'s variables on (`()` for a layer of its own):
   its kernel is the one its fields describe with these axes in front."""
-  own = tuple(_kernel_shape_for(layer, example_input(layer).shape, transform._name(path)))
-  shape = tuple(layer.kernel.shape)
-  extra = len(shape) - len(own)
-  if extra < 0 or shape[extra:] != own:
-    raise ValueError(
-        f'layer {transform._name(path)}: its kernel has shape {shape}, but its fields describe a '
-        f'{own} kernel: a layer stacked by nnx.vmap must have its stacked axes in front '
-        '(in_axes=0 / out_axes=0); other axes are not supported.')
-  return shape[:extra]
+  layout = _check_layer(layer, _path_name(path))
+  return exact.stack_of(_weights(layer)[0].shape, layout, path)
 
 
 def stacked_reparam(layer: nnx.Module, method: methods.Method, stack: tuple[int, ...], stored,
@@ -465,9 +465,11 @@ def stacked_reparam(layer: nnx.Module, method: methods.Method, stack: tuple[int,
   `mean` `(*stack, width)` (None: zeros). `nnx.scan` hands each step one layer's slice."""
   first = (0,) * len(stack)
   one = nnx.clone(layer)
-  one.kernel = nnx.Param(layer.kernel[...][first])
-  if layer.use_bias:
-    one.bias = nnx.Param(layer.bias[...][first])
+  kind = kinds.of(layer)
+  kernel, bias = _weights(layer)
+  setattr(one, kind.kernel, nnx.Param(kernel[...][first]))
+  if bias is not None:
+    setattr(one, kind.bias, nnx.Param(bias[...][first]))
   module = Reparam(one, method, use_running_average=use_running_average,
                    params={k: v[first] for k, v in stored.items()})
   for name in module.param_names:
@@ -568,7 +570,7 @@ class _GmPPaper(_Paper):
     self.activation = activation
     self.dtype = fields['dtype']
     fields = types.SimpleNamespace(features=layer.out_features, **fields)
-    method = gmp.paper_method(fields, math.prod(layer.kernel.shape[:-1]))
+    method = paper_method(fields, math.prod(layer.kernel.shape[:-1]))
     self._build(layer, method, rngs, use_running_average)
 
   def __call__(self, inputs, use_running_average: bool | None = None):
@@ -610,10 +612,10 @@ class GmPLinear(_GmPPaper):
   """
 
   def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs,
-               use_running_average: bool | None = False, activation=nn.relu,
+               use_running_average: bool | None = False, activation=jax.nn.relu,
                input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
                dtype=None, param_dtype=jnp.float32, precision=None,
-               theta_init=initializers.sphere_uniform(), lam_init=nn.initializers.zeros,
+               theta_init=initializers.sphere_uniform(), lam_init=nnx.initializers.zeros,
                scale_init=None, glorot_scale: bool = False):
     _check_sizes('GmPLinear', in_features, out_features)
     layer = nnx.Linear(in_features, out_features, dtype=dtype, param_dtype=param_dtype,
@@ -635,10 +637,10 @@ class GmPConv(_GmPPaper):
   def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
                strides: int | Sequence[int] = 1, *, rngs: nnx.Rngs,
                use_running_average: bool | None = False, padding='SAME', input_dilation=1,
-               kernel_dilation=1, feature_group_count: int = 1, activation=nn.relu,
+               kernel_dilation=1, feature_group_count: int = 1, activation=jax.nn.relu,
                input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
                dtype=None, param_dtype=jnp.float32, precision=None,
-               theta_init=initializers.sphere_uniform(), lam_init=nn.initializers.zeros,
+               theta_init=initializers.sphere_uniform(), lam_init=nnx.initializers.zeros,
                scale_init=None, glorot_scale: bool = False):
     _check_sizes('GmPConv', in_features, out_features)
     kernel_size = _tuple(kernel_size)
@@ -819,53 +821,6 @@ class PReLU(nnx.Module):
     return activations.prelu(x, slope)
 
 
-# ----------------------------------------------------------------------------- linen twins
-
-def _hashable(value):
-  if isinstance(value, list):
-    return tuple(_hashable(v) for v in value)
-  return value
-
-
-def linen_twin(layer: nnx.Module, name: str | None = None) -> nn.Module:
-  """The linen layer computing what the NNX `layer` computes (same kernel layout); no params.
-
-  For moving weights between the frameworks (and the tests that compare them).
-
-    >>> from flax import nnx
-    >>> import geoparam.nnx as gnnx
-    >>> gnnx.linen_twin(nnx.Conv(3, 8, (3, 3), rngs=nnx.Rngs(0))).kernel_size
-    (3, 3)
-  """
-  name = name or type(layer).__name__
-  _check_layer(layer, name)
-  common = dict(use_bias=layer.use_bias, dtype=layer.dtype, param_dtype=layer.param_dtype,
-                precision=layer.precision)
-  if isinstance(layer, nnx.Conv):
-    return nn.Conv(layer.out_features, tuple(layer.kernel_size), strides=_hashable(layer.strides),
-                   padding=_hashable(layer.padding),
-                   input_dilation=_hashable(layer.input_dilation),
-                   kernel_dilation=_hashable(layer.kernel_dilation),
-                   feature_group_count=layer.feature_group_count, **common)
-  if isinstance(layer, nnx.LinearGeneral):
-    return nn.DenseGeneral(tuple(layer.out_features), axis=tuple(layer.axis), **common)
-  return nn.Dense(layer.out_features, **common)
-
-
 def example_input(layer: nnx.Module) -> jax.Array:
   """A small zero input that `layer` accepts (batch 1; shapes of its kernel)."""
-  if isinstance(layer, nnx.Conv):
-    kernel_size = tuple(layer.kernel_size)
-    dilation = layer.kernel_dilation
-    dilation = (dilation,) * len(kernel_size) if isinstance(dilation, int) or dilation is None \
-        else tuple(dilation)
-    spatial = tuple((k - 1) * (d or 1) + 1 for k, d in zip(kernel_size, dilation))
-    return jnp.zeros((1,) + spatial + (layer.in_features,))
-  if isinstance(layer, nnx.LinearGeneral):
-    axes = tuple(layer.axis)
-    ndim = max([len(axes) + 1] + [a + 1 for a in axes if a >= 0] + [-a for a in axes if a < 0])
-    shape = [1] * ndim
-    for a, n in zip(axes, layer.in_features):
-      shape[a] = n
-    return jnp.zeros(shape)
-  return jnp.zeros((1, layer.in_features))
+  return jnp.zeros(kinds.of(layer).example_shape(layer))

@@ -21,9 +21,8 @@
     >>> type(model.hidden).__name__, bool(jnp.allclose(model(x), before, atol=1e-5))
     ('Linear', True)
 
-The conversion is `geoparam.transform.convert_layer` (the linen transform's, on
-the method's `convert`): BatchNorm folding, IMN calibration and the exactness
-checks are the same.
+The conversion is `geoparam.exact.convert_layer`, the linen transform's too:
+BatchNorm folding, IMN calibration and the exactness checks are the same.
 """
 
 from __future__ import annotations
@@ -36,8 +35,10 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import exact
+from geoparam import kinds
 from geoparam import methods
-from geoparam import transform
+from geoparam import selection
 from geoparam.nnx import modules
 
 __all__ = ['DroppedBatchNorm', 'reparameterize', 'bake']
@@ -68,14 +69,8 @@ class DroppedBatchNorm(nnx.Module):
     return x
 
 
-def _name(path) -> str:
-  return '/'.join(str(p) for p in path) or '<root>'
-
-
-def _selected(node, path, where, exclude) -> bool:
-  if transform.excluded(path, exclude):
-    return False
-  return where is None or bool(where(node, tuple(str(p) for p in path)))
+_name = selection.name
+_selected = selection.selected
 
 
 def _replace(model, path, new):
@@ -189,19 +184,22 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
             'pass the NNX module itself')
     raise TypeError(f'geoparam.nnx.reparameterize takes an nnx.Module instance, got '
                     f'{model!r:.80} ({type(model).__name__}): {hint}.')
+  selection.check_where(where)
+  if not isinstance(drop_batchnorm, bool):
+    raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
   nodes = list(nnx.iter_graph(model))
   for path, node in nodes:
-    if isinstance(node, modules.UNSUPPORTED_TYPES) and _selected(node, path, where, exclude):
-      raise transform.unsupported(type(node).__name__, path, 'nnx')
-  layers = {p: n for p, n in nodes if isinstance(n, modules.LAYER_TYPES)
+    kind = kinds.of(node)
+    if kind is not None and kind.refused and _selected(node, path, where, exclude):
+      raise selection.refused(node, path, 'nnx')
+  layers = {p: n for p, n in nodes if kinds.of(n) is not None and not kinds.of(n).refused
             and _selected(n, p, where, exclude)}
   norms = {p: n for p, n in nodes if drop_batchnorm and isinstance(n, nnx.BatchNorm)
            and _selected(n, p, where, exclude)}
-  transform.check_selection(
+  selection.check_selection(
       type(model).__name__, method.name,
-      [p for p, n in nodes if isinstance(
-          n, modules.LAYER_TYPES + modules.UNSUPPORTED_TYPES + (nnx.BatchNorm,))],
-      list(layers), where, exclude, 'nnx.Linear, nnx.Conv, nnx.LinearGeneral', 'holds')
+      [p for p, n in nodes if kinds.of(n) is not None or isinstance(n, nnx.BatchNorm)],
+      list(layers), where, exclude, 'holds')
   paths = _paths_by_id(model)
   for path, node in {**layers, **norms}.items():
     if len(paths.get(id(node), ())) > 1:
@@ -229,22 +227,21 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
           f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
           'reparameterized Linear/Conv layer, so it cannot be folded (keep it with '
           'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
-    transform.check_fold(layers[producer[0]], producer[0], bn_path)
-    if bn.axis not in (-1, calls[bn_path][0].ndim - 1):
-      raise ValueError(f'BatchNorm {_name(bn_path)} normalizes axis {bn.axis}, not the features '
-                       'axis of the layer before it: it cannot be folded.')
-    folds[producer[0]] = transform.bn_affine(
+    x = calls[bn_path][0]
+    exact.check_fold(modules.layout_of(layers[producer[0]], producer[0]), bn.axis,
+                     (bn.num_features,), jnp.ndim(x), producer[0], bn_path)
+    folds[producer[0]] = exact.bn_affine(
         bn.mean[...], bn.var[...], bn.epsilon, bn.scale[...] if bn.use_scale else None,
         bn.bias[...] if bn.use_bias else None)
     dropped[bn_path] = producer[0]
   converted = {}
   for path, layer in layers.items():
     inputs = calls[path][0] if path in calls else modules.example_input(layer)
-    kernel = layer.kernel[...]
-    bias = layer.bias[...] if layer.use_bias else None
+    kernel, bias = modules._weights(layer)
     stack = stacked[path]
-    stored, mean = transform.convert_layer(method, layer, kernel, bias, inputs, path,
-                                           folds.get(path), stack)
+    stored, mean = exact.convert_layer(method, layer, kernel[...],
+                                       None if bias is None else bias[...], inputs, path,
+                                       folds.get(path), stack)
     if stack:
       wrapper = modules.stacked_reparam(layer, method, stack, stored, mean,
                                         use_running_average=use_running_average)
@@ -281,7 +278,7 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
                                          isinstance(n, DroppedBatchNorm) and n.producer == path
                                          for _, n in nodes), path=path)
       plain[path] = layer
-      if not layer.use_bias:
+      if not node.layer_has_bias:
         biases[path] = bias
   for path, node in nodes:
     if isinstance(node, DroppedBatchNorm):

@@ -1,0 +1,230 @@
+"""Exact conversion of one trained layer to a method's variables and back (float64 inside).
+
+Framework-neutral: both whole-model transforms (linen and NNX) call these with
+the layer (its fields), its kind (`geoparam.kinds`) and its weights. A
+BatchNorm after the layer folds into it (`bn_affine`); IMN's running mean starts
+at the batch mean of the layer's input, absorbed into the bias, where that is
+exact (`Kind.padding_free`); layers stacked by lifted transforms (`nn.scan`,
+`nnx.vmap`) carry their stacked axes in front and convert one by one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from geoparam import kinds
+from geoparam import methods
+from geoparam.methods import run
+from geoparam.selection import name as _name
+
+__all__ = ['bn_affine', 'check_fold', 'stack_of', 'layout_of', 'convert_layer', 'plain_layer']
+
+
+def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
+  """`kinds.of(layer).layout(layer, inputs_shape)`, its errors naming the layer."""
+  kind = kinds.of(layer)
+  if kind is None or kind.refused:
+    raise TypeError(f'layer {_name(path)}: a {type(layer).__name__} is not a layer kind geoparam '
+                    'knows (geoparam.kinds.register adds one).')
+  try:
+    return kind.layout(layer, tuple(inputs_shape))
+  except ValueError as e:
+    raise ValueError(f'{type(layer).__name__} at {_name(path)}: {e}') from None
+
+
+def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
+  """`(s, t)` float64 with `BatchNorm(z) = s * z + t` in evaluation mode, `(features,)` each.
+
+  `mean`, `var`: the running statistics; `scale`, `bias`: the affine params (None
+  when the norm has none).
+  """
+  s = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
+  if scale is not None:
+    s = s * np.asarray(scale, np.float64)
+  t = -np.asarray(mean, np.float64) * s
+  if bias is not None:
+    t = t + np.asarray(bias, np.float64)
+  return s, t
+
+
+def check_fold(layout: kinds.Layout, bn_axis, bn_features, ndim: int, path, bn_path) -> None:
+  """Raises unless a dropped BatchNorm (normalizing `bn_axis` of its `ndim`-rank input, with
+  `bn_features` statistics) can be folded into the layer before it: one unit axis, the last
+  of the layer's output, of the BatchNorm's size."""
+  axes = tuple(a % ndim for a in kinds.ints(bn_axis))
+  if len(layout.units) > 1:
+    raise ValueError(
+        f'BatchNorm {_name(bn_path)} is dropped but the layer {_name(path)} before it has '
+        f'several output axes {layout.units}: its per-channel affine cannot be carried by that '
+        "layer's bias both ways (keep it with drop_batchnorm=False, or exclude it).")
+  if axes != (ndim - 1,) or tuple(bn_features) != layout.units:
+    raise ValueError(
+        f'BatchNorm {_name(bn_path)} normalizes axis {bn_axis} ({tuple(bn_features)} statistics) '
+        f'of its input, not the {layout.units[0]} features (last axis) of the layer '
+        f'{_name(path)} before it, so it cannot be folded into that layer: keep it with '
+        'drop_batchnorm=False, or exclude it.')
+
+
+def stack_of(kernel_shape, layout: kinds.Layout, path=()) -> tuple[int, ...]:
+  """The leading axes a lifted transform (`nn.scan`, `nn.vmap`, `nnx.vmap`) stacked the layer's
+  variables on: `()` for a layer of its own, `(L,)` for a layer of a scanned block.
+
+  The stored kernel is the layer's own (`layout.kernel_shape`) with these axes in front
+  (`variable_axes={'params': 0}`, as flax's examples scan and vmap); anything else raises.
+  """
+  own, kernel_shape = tuple(layout.kernel_shape), tuple(kernel_shape)
+  extra = len(kernel_shape) - len(own)
+  if extra < 0 or kernel_shape[extra:] != own:
+    raise ValueError(
+        f'layer {_name(path)}: its stored kernel has shape {kernel_shape}, but the layer '
+        f'computes with a {own} kernel: a layer stacked by nn.scan/nn.vmap/nnx.vmap must have its '
+        "stacked axes in front (variable_axes={'params': 0}, in_axes=0); other axes are not "
+        'supported.')
+  return kernel_shape[:extra]
+
+
+def _slice_path(path, index, stack):
+  """`path` naming one layer of a stack: `('blocks', 'up[2]')` (unchanged when not stacked)."""
+  if not stack:
+    return path
+  return path[:-1] + (f'{path[-1]}[{",".join(str(i) for i in index)}]',)
+
+
+def _flat_mean(kind, layer, x):
+  """The IMN mean of a layer input as the wrappers compute it, float64 `(width,)`."""
+  x = np.asarray(x, np.float64)
+  flat = run.flatten_contracted(x, kind.imn_axes(layer, x.ndim))
+  return flat.reshape(-1, flat.shape[-1]).mean(0)
+
+
+def _mean_dot(kind, layer, mean, kernel):
+  """`w_f^T m` per unit `(F,)`: IMN's mean `m` against a kernel in the method's shape.
+
+  A conv sees the channels of its group at every window position; other kinds the
+  flattened contracted axes.
+  """
+  features = kernel.shape[-1]
+  if kind.taps:
+    groups = layer.feature_group_count
+    per_unit = np.repeat(mean.reshape(groups, -1), features // groups, axis=0)  # (F, C_in / g)
+    window_sum = kernel.reshape((-1,) + kernel.shape[-2:]).sum(0)  # (C_in / g, F)
+    return np.einsum('cf,fc->f', window_sum, per_unit)
+  return mean @ kernel.reshape(-1, features)
+
+
+def _stacked(one, stack, *arrays):
+  """`one(*slices)` for every index of the leading `stack` axes of `arrays`, results stacked."""
+  pieces = [one(i, *(None if a is None else a[i] for a in arrays)) for i in np.ndindex(stack)]
+  if not stack:
+    return pieces[0]
+  join = lambda *xs: None if xs[0] is None else np.stack(
+      [np.asarray(x) for x in xs]).reshape(stack + np.shape(xs[0]))
+  return jax.tree.map(join, *pieces, is_leaf=lambda x: x is None)
+
+
+def convert_layer(method, layer, kernel, bias, inputs, path=(), fold=None,
+                  stack: tuple[int, ...] = ()):
+  """One trained layer's `(kernel, bias)` as `method`'s variables, exactly (float64 inside).
+
+  Args:
+    method: a `geoparam.methods.Method` (or a registry name).
+    layer: the layer (its fields; linen or NNX), `kernel` and `bias` (None: no bias) its params
+      in its own layout.
+    inputs: the layer's input on an example batch (calibrates IMN; shapes only otherwise).
+    path: for error messages.
+    fold: optional `(s, t)` of a following BatchNorm folded in (`bn_affine`).
+    stack: the leading axes of a layer stacked by a lifted transform: `kernel`, `bias`,
+      `fold` and what comes back carry them in front, and each layer of the stack is
+      converted on its own (errors name it, `up[2]`).
+
+  Returns:
+    `(stored, mean)`: the params `{name: array}` in the kernel's dtype, and IMN's
+    running mean `(width,)` (None without IMN).
+  """
+  method = methods.get(method)
+  layout = layout_of(layer, jnp.shape(inputs), path)
+  dtype = jnp.asarray(kernel).dtype
+  s, t = (None, None) if fold is None else fold
+  out = _stacked(lambda i, k, b, s_, t_: _convert_one(
+      method, layer, layout, k, b, inputs, _slice_path(path, i, stack),
+      None if s_ is None else (s_, t_), dtype), stack, kernel, bias, s, t)
+  if not stack:
+    return out
+  stored, mean = out
+  return ({k: jnp.asarray(v, dtype=jnp.asarray(v).dtype) for k, v in stored.items()},
+          None if mean is None else jnp.asarray(mean))
+
+
+def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype):
+  kind = kinds.of(layer)
+  imn = method.imn is not None
+  if imn:
+    try:
+      axes = kind.imn_axes(layer, len(jnp.shape(inputs)))
+    except ValueError as e:
+      raise ValueError(f'layer {_name(path)}: {method.name!r} has IMN, but {e}') from None
+  kernel = np.asarray(kernel, np.float64)
+  bias = np.zeros(layout.units) if bias is None else np.asarray(bias, np.float64)
+  if fold is not None:
+    s, t = fold
+    kernel, bias = kernel * s, bias * s + t
+  # A dropped BatchNorm's shift belongs to the layer before it, bias-free or not.
+  use_bias = kind.has_bias(layer) or fold is not None
+  kernel = layout.to_method(kernel)  # units: every output
+  bias = bias.reshape(-1)
+  # a layer inside a lifted transform (nn.scan, nn.vmap, nn.remat) has traced inputs: its
+  # running mean starts at 0 (exact as well), not at the batch mean
+  calibrate = (imn and use_bias and kind.padding_free(layer)
+               and not isinstance(inputs, jax.core.Tracer))
+  mean = _flat_mean(kind, layer, inputs) if calibrate else None
+  if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
+    bias = bias + _mean_dot(kind, layer, mean, kernel)
+  try:
+    stored = method.convert(kernel, bias, dtype, use_bias)
+  except ValueError as e:
+    raise ValueError(f'layer {_name(path)}: {e}') from None
+  specs = method.params(kernel.shape, methods.Layer(use_bias=use_bias), lambda: None)
+  stored = {k: jnp.asarray(v, methods.base.stored_dtype(specs[k], dtype) if k in specs else dtype)
+            for k, v in stored.items()}
+  if not imn:
+    return stored, None
+  shape = tuple(jnp.shape(inputs))
+  width = math.prod(shape[a] for a in axes)
+  mean_dtype = jnp.promote_types(jnp.result_type(inputs), jnp.float32)
+  return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
+
+
+def plain_layer(method, layer, stored, layout: kinds.Layout, mean, path=(),
+                approximate_borders=False, stack: tuple[int, ...] = ()):
+  """`(kernel, bias)` numpy float64 of the plain layer from `method`'s stored variables.
+
+  `layout`: the layer's (`kinds.Layout`); the kernel and bias come back in the
+  layer's layout. `mean`: IMN's running mean (None without IMN); a zero-padded
+  conv with a nonzero one raises unless `approximate_borders`. `stack`: as in
+  `convert_layer` (`stored`, `mean` and the result carry these leading axes).
+  """
+  method = methods.get(method)
+  names = sorted(stored)
+  return _stacked(lambda i, m, *values: _plain_one(
+      method, layer, dict(zip(names, values)), layout, m, _slice_path(path, i, stack),
+      approximate_borders), stack, mean, *(stored[n] for n in names))
+
+
+def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
+  kind = kinds.of(layer)
+  shape = layout.method_shape
+  kernel, bias = method.bake(stored, shape)
+  kernel = np.asarray(kernel, np.float64).reshape(shape)
+  bias = np.zeros(shape[-1]) if bias is None else np.asarray(bias, np.float64)
+  if mean is not None and np.any(mean != 0):
+    if not kind.padding_free(layer) and not approximate_borders:
+      raise ValueError(
+          f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
+          'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
+          'approximate_borders=True to fold the mean anyway.')
+    bias = bias - _mean_dot(kind, layer, np.asarray(mean, np.float64), kernel)
+  return layout.to_layer(kernel, bias)

@@ -1,0 +1,1 @@
+"""geoparam's linen shell: the modules that run inside `flax.linen` models."""
