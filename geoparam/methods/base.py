@@ -124,13 +124,22 @@ class Method(NamedTuple):
   imn: IMN | None = None
 
 
-def with_imn(method: Method, momentum: float = 0.99, axis_name: str | None = None) -> Method:
+def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:
   """`method` with input mean normalization: GmP+IMN is `with_imn(gmp())`.
 
     >>> from geoparam import methods
     >>> methods.with_imn(methods.get('gmp')).imn
     IMN(momentum=0.99, axis_name=None)
+
+  `method`: a `Method`, or a registry name, built by `geoparam.methods.get` with its default
+  options (`with_imn('wn')` is `with_imn(get('wn'))`; build it with `get` to pass options).
   """
+  if isinstance(method, str):
+    from geoparam import methods  # pylint: disable=g-import-not-at-top (the registry imports us)
+    method = methods.get(method)
+  if not isinstance(method, Method):
+    raise TypeError(f'with_imn: method must be a registry name or a geoparam.methods.Method, got '
+                    f'{method!r:.80} of type {type(method).__name__}.')
   if not 0.0 <= momentum <= 1.0:
     raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
   return method._replace(imn=IMN(momentum, axis_name))
