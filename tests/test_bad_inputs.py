@@ -4,6 +4,8 @@ Each case now gets a clear ValueError/TypeError naming the argument and what is 
 raised before any work.
 """
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -55,3 +57,19 @@ def test_a_factory_that_returns_no_method_fails_in_get_naming_it():
       methods.get('returns_int')
   finally:
     del methods.REGISTRY['returns_int']
+
+
+@pytest.mark.parametrize('shape', [(4,), (), (4, 0), (0, 3), (3, 0, 2)])
+def test_init_refuses_kernel_shapes_without_units_or_fan_in(shape):
+  with pytest.raises(ValueError, match=r'kernel_shape must be at least 2 ints >= 1, the fan-in '
+                                       rf'axes then the units .*got {re.escape(str(shape))}'):
+    methods.init(methods.get('wn'), jax.random.key(0), shape)
+
+
+# ----------------------------------------------------------------------------- convert
+
+@pytest.mark.parametrize('shape', [(8, 0), (0, 3), (3, 3, 0, 4)])
+def test_dense_to_gmp_of_an_empty_kernel(shape):
+  with pytest.raises(ValueError, match=rf'kernel of shape {re.escape(str(shape))} is empty: it '
+                                       'needs at least one unit'):
+    geoparam.convert.dense_to_gmp(np.zeros(shape))

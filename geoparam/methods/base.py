@@ -164,8 +164,14 @@ def init(method: Method, key: jax.Array, kernel_shape: Shape, layer: Layer = Lay
   """The method's stored variables for a kernel of `kernel_shape`, from one key (unboxed).
 
   Each variable gets its own key (`fold_in` of its position), a joint draw one more.
+  `kernel_shape` has the fan-in axes then the units, each >= 1 (else ValueError).
   """
   kernel_shape = tuple(kernel_shape)
+  if len(kernel_shape) < 2 or not all(isinstance(d, (int, np.integer)) and d >= 1
+                                      for d in kernel_shape):
+    raise ValueError(f'kernel_shape must be at least 2 ints >= 1, the fan-in axes then the units '
+                     f'(e.g. (fan_in, features)), got {kernel_shape}: a kernel with no units or '
+                     'no fan-in has no parameters to make.')
   specs = method.params(kernel_shape, layer, lambda: jax.random.fold_in(key, 1 << 20))
   return {name: nn.meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, stored_dtype(p, dtype)))
           for i, (name, p) in enumerate(specs.items())}
