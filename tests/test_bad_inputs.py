@@ -73,3 +73,35 @@ def test_dense_to_gmp_of_an_empty_kernel(shape):
   with pytest.raises(ValueError, match=rf'kernel of shape {re.escape(str(shape))} is empty: it '
                                        'needs at least one unit'):
     geoparam.convert.dense_to_gmp(np.zeros(shape))
+
+
+# ----------------------------------------------------------------------------- zero vectors
+
+def test_boundary_location_of_zero_weight_units_raises_eagerly_and_is_inf_traced():
+  sp = {'kernel': np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]), 'bias': np.array([1.0, 1.0, -2.0])}
+  with pytest.raises(ValueError, match=r"boundary_location\(kind='sp'\): units \[0, 2\] have a "
+                                       r'zero weight vector \(w = 0\)'):
+    geoparam.analysis.boundary_location(sp, 'sp')
+  wn = {'kernel': np.ones((2, 2)), 'scale': np.array([0.0, 1.0])}
+  with pytest.raises(ValueError, match=r"kind='wn'\): units \[0\] have a zero weight vector"):
+    geoparam.analysis.boundary_location(wn, 'wn')
+  with pytest.raises(ValueError, match=r"kind='lcw'\): units \[1\]"):  # a registry method
+    geoparam.analysis.boundary_location({'v': np.array([[1.0, 0.0]]), 'bias': np.zeros(2)}, 'lcw')
+  location = lambda p: geoparam.analysis.boundary_location(p, 'sp')
+  phi = np.asarray(jax.jit(location)(sp))  # traced: no values to check, documented +inf rows
+  assert np.all(np.isinf(phi[[0, 2]])) and np.all(np.isfinite(phi[1]))
+  stacked = jax.tree.map(lambda a: np.stack([a, a]), sp)
+  assert np.all(np.isinf(np.asarray(jax.vmap(location)(stacked))[:, [0, 2]]))
+  ok = {'kernel': np.ones((2, 3)), 'bias': np.ones(3)}
+  np.testing.assert_allclose(location(ok), -0.5 * np.ones((3, 2)))
+
+
+def test_angle_between_a_zero_vector_raises_eagerly_and_is_nan_traced():
+  angle = geoparam.hyperspherical.angle_between
+  with pytest.raises(ValueError, match=r'angle_between: u is zero \(all 3 entries are 0\): a zero '
+                                       'vector has no direction'):
+    angle(np.zeros(3), np.ones(3))
+  with pytest.raises(ValueError, match='angle_between: v is zero'):
+    angle(np.ones(2), np.zeros(2))
+  assert np.isnan(jax.jit(angle)(np.zeros(3), np.ones(3)))
+  assert np.all(np.isnan(jax.vmap(angle)(np.zeros((2, 3)), np.ones((2, 3)))))
