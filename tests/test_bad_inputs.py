@@ -4,7 +4,12 @@ Each case now gets a clear ValueError/TypeError naming the argument and what is 
 raised before any work.
 """
 
+import io
+import os
 import re
+import subprocess
+import sys
+import tarfile
 
 import jax
 import numpy as np
@@ -105,3 +110,68 @@ def test_angle_between_a_zero_vector_raises_eagerly_and_is_nan_traced():
     angle(np.ones(2), np.zeros(2))
   assert np.isnan(jax.jit(angle)(np.zeros(3), np.ones(3)))
   assert np.all(np.isnan(jax.vmap(angle)(np.zeros((2, 3)), np.ones((2, 3)))))
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
+
+
+def run_main(args, timeout=300):
+  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def assert_refused(proc, says):
+  """What tests/test_cli.py asserts of a refused setting: rc 2, one line, no traceback."""
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith('experiments.main: ') and says in lines[0], lines[0]
+  assert 'Traceback' not in proc.stderr and proc.stdout == ''
+
+
+def _archive(folder, cut=None, flip=None):
+  """A small `cifar10-jpeg.tar.gz` in `folder` (random, incompressible members), its first `cut`
+  bytes only, or with the byte at `flip` inverted."""
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode='w:gz') as tf:
+    for name in ('train/cat/0.jpg', 'test/cat/0.jpg'):
+      data = np.random.default_rng(0).bytes(1 << 16)
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tf.addfile(info, io.BytesIO(data))
+  raw = bytearray(buffer.getvalue())
+  if flip is not None:
+    raw[flip] ^= 0xFF
+  path = folder / 'cifar10-jpeg.tar.gz'
+  path.write_bytes(bytes(raw[:cut]))
+  return path
+
+
+def test_cli_refuses_a_truncated_cifar_archive_before_writing_anything(tmp_path):
+  path = _archive(tmp_path, cut=70_000)
+  workdir = tmp_path / 'run'
+  assert_refused(run_main(['--config=experiments/configs/cifar10_cnn.py:smoke',
+                           f'--config.data_dir={tmp_path}', f'--workdir={workdir}']),
+                 f'--config.data_dir={tmp_path}: {path} is truncated or corrupt (it ends before '
+                 'the end of its gzip stream); replace it with a complete copy')
+  assert not workdir.exists()
+
+
+def test_a_corrupt_or_foreign_cifar_archive_is_refused_by_the_data_check(tmp_path):
+  from experiments.configs import validate
+  for kwargs, says in [(dict(flip=40_000), r'is truncated or corrupt \((BadGzipFile|error): '),
+                       (dict(cut=1000), r'is truncated or corrupt \(it ends before the end of '
+                                        'its gzip stream')]:
+    path = _archive(tmp_path, **kwargs)
+    for download in (False, True):  # a local archive is the one the run reads, download or not
+      with pytest.raises(validate.ConfigError, match=rf'--config.data_dir={re.escape(str(tmp_path))}: '
+                                                     rf'{re.escape(str(path))} {says}'):
+        validate.check_cifar10(str(tmp_path), download, cache_dir=str(tmp_path / 'cache'))
+  (tmp_path / 'cifar10-jpeg.tar.gz').write_text('not an archive')
+  with pytest.raises(validate.ConfigError, match=r'is truncated or corrupt \(not a tar archive\)'):
+    validate.check_cifar10(str(tmp_path), cache_dir=str(tmp_path / 'cache'))
+  _archive(tmp_path)  # complete
+  validate.check_cifar10(str(tmp_path), cache_dir=str(tmp_path / 'cache'))
