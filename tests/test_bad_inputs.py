@@ -175,3 +175,37 @@ def test_a_corrupt_or_foreign_cifar_archive_is_refused_by_the_data_check(tmp_pat
     validate.check_cifar10(str(tmp_path), cache_dir=str(tmp_path / 'cache'))
   _archive(tmp_path)  # complete
   validate.check_cifar10(str(tmp_path), cache_dir=str(tmp_path / 'cache'))
+
+
+BANANA = '--config=experiments/configs/banana_2d.py:smoke'
+
+
+def _banana_csv(folder, rows=20):
+  lines = ['At1,At2,Class'] + [f'{i / 10},{-i / 10},{1 if i % 2 else -1}' for i in range(rows)]
+  (folder / 'banana.csv').write_text('\n'.join(lines) + '\n')
+  return folder / 'banana.csv'
+
+
+def test_cli_refuses_more_banana_points_than_the_file_holds_with_the_other_checks(tmp_path):
+  workdir = tmp_path / 'run'
+  assert_refused(run_main([BANANA, '--config.num_points=99999', f'--config.data_dir={DATA}',
+                           f'--workdir={workdir}']),
+                 f'--config.num_points=99999: must be at most 5300, the points in '
+                 f'{os.path.join(DATA, "banana.csv")}.')
+  assert not workdir.exists()
+  from experiments import main as main_lib
+  from experiments.configs import validate
+  config = main_lib._load_config(os.path.join(ROOT, BANANA.split('=', 1)[1]))
+  path = _banana_csv(tmp_path)
+  config.data_dir, config.num_points = str(tmp_path), 200
+  with pytest.raises(validate.ConfigError, match=rf'--config.num_points=200: must be at most '
+                                                 rf'20, the points in {re.escape(str(path))}\.'):
+    main_lib.check(config, str(workdir))
+  config.download = True  # a local file is still the one read; with none, the reference file's
+  with pytest.raises(validate.ConfigError, match='must be at most 20, the points in'):
+    main_lib.check(config, str(workdir))
+  config.data_dir, config.num_points = str(tmp_path / 'empty'), 99999
+  with pytest.raises(validate.ConfigError, match=r'--config.num_points=99999: must be at most '
+                                                 r'5300, the points in the reference banana.csv'):
+    main_lib.check(config, str(workdir))
+  assert not workdir.exists()

@@ -19,10 +19,12 @@ import numpy as np
 
 from experiments.data import download as download_lib
 
-__all__ = ['FILE', 'HEADER', 'load', 'parse']
+__all__ = ['FILE', 'HEADER', 'REFERENCE_POINTS', 'load', 'parse']
 
 FILE = 'banana.csv'  # relative to the data directory
 HEADER = ('At1', 'At2', 'Class')
+# The points of the reference file (`download.REMOTES`' sha256): what a download gives.
+REFERENCE_POINTS = 5300
 
 
 def parse(path: str) -> tuple[np.ndarray, np.ndarray]:
