@@ -209,3 +209,23 @@ def test_cli_refuses_more_banana_points_than_the_file_holds_with_the_other_check
                                                  r'5300, the points in the reference banana.csv'):
     main_lib.check(config, str(workdir))
   assert not workdir.exists()
+
+
+def test_cli_names_a_data_file_that_is_not_utf8_text(tmp_path):
+  path = _banana_csv(tmp_path)
+  path.write_bytes(path.read_bytes().replace(b'0.3,', b'0.3\xe9,'))
+  workdir = tmp_path / 'run'
+  assert_refused(run_main([BANANA, f'--config.data_dir={tmp_path}', f'--workdir={workdir}']),
+                 f'--config.data_dir={tmp_path}: {path}, line 5: not UTF-8 text (byte 0xe9 at '
+                 'column 4); expected a CSV text file: the header At1,At2,Class, then rows of two '
+                 'numbers and a class -1 or 1.')
+  assert not workdir.exists()
+  from experiments.data import uci_data
+  uci = tmp_path / 'uci'
+  uci.mkdir()
+  (uci / 'yacht.txt').write_bytes(b'1 2 3\n4 5 6\n\xff\xfe 7 8\n')
+  with pytest.raises(ValueError, match=r'yacht.txt, line 3: not UTF-8 text \(byte 0xff at column '
+                                       r'1\); expected a text file of whitespace-separated numbers'):
+    uci_data.parse(str(uci / 'yacht.txt'))
+  (uci / 'mac.txt').write_bytes(b'1 2 3\r4 5 6\r')  # \r line ends read as before
+  assert uci_data.parse(str(uci / 'mac.txt'))[2] == 2
