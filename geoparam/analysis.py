@@ -48,11 +48,13 @@ Conventions:
   and `phi = -lam sign(w)`. A GmP unit with fan-in 1 takes its sign from the
   fixed `sign` parameter. Angle changes in R^1 are 0 or pi.
 - **Zero weight vectors** (`w = 0`, e.g. `g = 0` under WN or `gamma = 0` under
-  BN): the boundary is at infinity (or absent). Then `boundary_location` is
-  `+inf` in every coordinate, `boundary_distance` is `+inf` (`-inf` when
-  `b < 0`), `boundary_direction` is the zero vector and any angle change
-  involving it is `+inf`. No function returns NaN for these units; everything
-  runs under `jit`, so nothing raises on values.
+  BN): the unit's pre-activation is the constant `b`, so it has no boundary (or one
+  at infinity) and no location `phi`. `boundary_location` of concrete params raises
+  ValueError naming those units; traced (under `jit`, `vmap`, `scan_tracked`, where
+  values are not known) it gives `+inf` in every coordinate of their rows.
+  `boundary_distance` is `+inf` (`-inf` when `b < 0`), `boundary_direction` the zero
+  vector and any angle change involving it `+inf`, traced or not. No function
+  returns NaN for these units.
 - **Scale**: the boundary does not depend on a unit's output scale (GmP `r`),
   so `scale` is ignored.
 
@@ -260,12 +262,24 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   return u, lam
 
 
-def _direction_distance(params, kind):
-  """`(u (features, fan_in), lam (features,))` with the zero-weight conventions applied."""
+def _direction_distance(params, kind, check: str | None = None):
+  """`(u (features, fan_in), lam (features,))` with the zero-weight conventions applied.
+
+  `check`: the caller's name; then concrete zero weight vectors raise ValueError naming the units.
+  """
   w, b = affine(params, kind)
   if isinstance(kind, str) and kind.startswith('gmp'):  # u is a unit vector: no division.
     return w.T, b
   norm = jnp.sqrt(jnp.sum(w * w, axis=0))
+  if check and not isinstance(norm, jax.core.Tracer) and np.any(np.asarray(norm) == 0):
+    zero = np.flatnonzero(np.asarray(norm) == 0).tolist()
+    name = kind.name if isinstance(kind, methods.Method) else kind
+    raise ValueError(
+        f'{check}(kind={name!r}): units {zero[:10]}{" ..." if len(zero) > 10 else ""} have a '
+        'zero weight vector (w = 0): relu(0^T x + b) is the constant b, so they have no '
+        'activation boundary and no location phi. Leave those units out (boundary_distance '
+        'gives them +-inf, boundary_direction the zero vector); traced (under jit, vmap, '
+        'scan_tracked) boundary_location gives them rows of +inf.')
   ok = norm > 0
   safe = jnp.where(ok, norm, 1.0)
   u = jnp.where(ok[None, :], w / safe, 0.0)
@@ -300,8 +314,12 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
   Returns:
     `phi`, shape `(features, fan_in)`: the point of unit i's boundary nearest to
     the origin; `u[i]^T phi[i] + lam[i] = 0`. In R^1 (`fan_in = 1`) it is the
-    characteristic point `-b / w`. Units with a zero weight vector give `+inf`
-    in every coordinate.
+    characteristic point `-b / w`.
+
+  Raises:
+    ValueError: for concrete params where a unit has a zero weight vector (`w = 0`: no
+      boundary, no location), naming the units. Traced (under `jit`, `vmap`, `grad`, where
+      values are not known) such a unit gives `+inf` in every coordinate of its row instead.
 
   Example usage::
 
@@ -314,8 +332,12 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
     Traceback (most recent call last):
       ...
     ValueError: kind='sp': bias must have shape (2,) to match the kernel of shape (1, 2) ...
+    >>> analysis.boundary_location(dict(layer, kernel=jnp.array([[2.0, 0.0]])), 'sp')
+    Traceback (most recent call last):
+      ...
+    ValueError: boundary_location(kind='sp'): units [1] have a zero weight vector (w = 0): ...
   """
-  u, lam = _direction_distance(params, kind)
+  u, lam = _direction_distance(params, kind, 'boundary_location')
   phi = -lam[:, None] * u
   return jnp.where(jnp.isfinite(lam)[:, None], phi, jnp.inf)
 

@@ -597,17 +597,23 @@ def angle_between(u: jax.Array, v: jax.Array) -> jax.Array:
   first scaled exactly by a power of two, so tiny (even subnormal) and huge
   vectors work too.
 
-  The angle with a zero vector is undefined: NaN is returned (also under jit),
-  as for vectors with an inf or NaN entry. Real dtypes only (complex is a
-  TypeError); integers become the default float.
+  The angle with a zero vector is undefined (a zero vector has no direction): a
+  concrete zero `u` or `v` (every entry 0) raises ValueError naming it; traced (under
+  `jit`, `vmap`, `grad`, where values are not known) it gives NaN, as vectors with an
+  inf or NaN entry do, traced or not. Real dtypes only (complex is a TypeError);
+  integers become the default float.
 
   Example usage::
 
-    >>> import jax.numpy as jnp
+    >>> import jax, jax.numpy as jnp
     >>> from geoparam import hyperspherical
     >>> hyperspherical.angle_between(jnp.asarray([1.0, 0.0]), jnp.asarray([2.0, 2.0]))
     Array(0.7853981, dtype=float32)
     >>> hyperspherical.angle_between(jnp.zeros(2), jnp.ones(2))
+    Traceback (most recent call last):
+      ...
+    ValueError: angle_between: u is zero (all 2 entries are 0): a zero vector has no direction, ...
+    >>> jax.jit(hyperspherical.angle_between)(jnp.zeros(2), jnp.ones(2))
     Array(nan, dtype=float32)
   """
   u = _real_float(u, 'angle_between', 'u')
@@ -615,6 +621,12 @@ def angle_between(u: jax.Array, v: jax.Array) -> jax.Array:
   if u.shape != v.shape or u.ndim != 1:
     raise ValueError(
         f'angle_between expects two vectors of the same shape (n,), got {u.shape} and {v.shape}.')
+  for name, x in (('u', u), ('v', v)):
+    if not isinstance(x, jax.core.Tracer) and not np.any(np.asarray(x) != 0):  # numpy: no flush
+      raise ValueError(
+          f'angle_between: {name} is zero (all {x.shape[0]} entries are 0): a zero vector has no '
+          'direction, so it makes no angle; pass nonzero vectors (traced, a zero vector gives '
+          'NaN).')
   dtype = jnp.result_type(u, v)
   work = jnp.promote_types(dtype, jnp.float32)
   return _angle_between_jit(u.astype(work), v.astype(work)).astype(dtype)

@@ -483,11 +483,15 @@ def test_narrow_float_directions_are_evaluated_in_float32(dtype):
   assert np.max(np.abs(np.asarray(u, np.float64) - d)) < 20 * eps * np.max(np.abs(d))
 
 
-def test_angle_with_a_zero_vector_is_nan():
+def test_angle_with_a_zero_vector_raises_and_is_nan_traced():
   zeros, ones = jnp.zeros(3), jnp.ones(3)
-  for u, v in [(zeros, ones), (ones, zeros), (zeros, zeros)]:
-    assert np.isnan(hs.angle_between(u, v))
+  for u, v, name in [(zeros, ones, 'u'), (ones, zeros, 'v'), (zeros, zeros, 'u')]:
+    with pytest.raises(ValueError, match=f'angle_between: {name} is zero'):
+      hs.angle_between(u, v)
     assert np.isnan(_angle(u, v))
+  tiny = jnp.asarray(np.asarray([0.0, 1e-45, 0.0], np.float32))  # subnormal: not zero
+  np.testing.assert_allclose(float(hs.angle_between(tiny, ones)), np.arccos(1 / np.sqrt(3)),
+                             rtol=1e-6)
   assert np.isnan(hs.angle_between(jnp.asarray([np.inf, 1.0]), jnp.asarray([1.0, 1.0])))
 
 

@@ -368,8 +368,7 @@ def check_vision_data(config) -> None:
   name, data_dir = config.get('dataset'), config.get('data_dir')
   try:
     if name == 'cifar10_jpeg':
-      if not config.get('download', False):
-        check_cifar10(data_dir)
+      check_cifar10(data_dir, config.get('download', False), config.get('cache_dir'))
     elif name == 'image_folder':
       root = sources.resolve_data_dir(data_dir)
       if not root:
@@ -390,11 +389,27 @@ def check_vision_data(config) -> None:
     raise ConfigError(f'--config.data_dir={data_dir}: {message}') from None
 
 
-def check_cifar10(data_dir: str | None) -> None:
-  """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a CIFAR-10 archive."""
+def check_cifar10(data_dir: str | None, download: bool = False,
+                  cache_dir: str | None = None) -> None:
+  """Raises `ConfigError` unless `data_dir` (or $GEOPARAM_DATA_DIR) holds a complete CIFAR-10
+  archive, or holds none and `download` allows fetching one. An archive not yet decoded into
+  the cache (`cache_dir`, `sources.decoded_cache`) is read once to its end
+  (`sources.check_archive`): a truncated or corrupt one is refused here, not mid-run."""
   from experiments.vision import sources  # pylint: disable=g-import-not-at-top
   resolved = sources.resolve_data_dir(data_dir)
-  if sources.local_cifar10(resolved) is not None:
+  local = sources.local_cifar10(resolved)
+  if local is not None:
+    if os.path.isfile(sources.decoded_cache(*local, cache_dir)):
+      return  # decoded before, so complete
+    try:
+      sources.check_archive(local[0])
+    except ValueError as e:
+      flag = f'--config.data_dir={data_dir}' if data_dir else '$GEOPARAM_DATA_DIR'
+      raise ConfigError(f'{flag}: {e}; replace it with a complete copy (--config.data_dir names '
+                        'the folder holding it; with no archive there, --config.download=True '
+                        'fetches the official one).') from None
+    return
+  if download:
     return
   names = (sources.JPEG_ARCHIVE, sources.CIFAR10_BINARY)
   where = (f'data_dir {resolved!r}' if data_dir else

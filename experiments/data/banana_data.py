@@ -19,45 +19,48 @@ import numpy as np
 
 from experiments.data import download as download_lib
 
-__all__ = ['FILE', 'HEADER', 'load', 'parse']
+__all__ = ['FILE', 'HEADER', 'REFERENCE_POINTS', 'load', 'parse']
 
 FILE = 'banana.csv'  # relative to the data directory
 HEADER = ('At1', 'At2', 'Class')
+# The points of the reference file (`download.REMOTES`' sha256): what a download gives.
+REFERENCE_POINTS = 5300
 
 
 def parse(path: str) -> tuple[np.ndarray, np.ndarray]:
   """`(x (N, 2) float64, y (N,) in {0, 1})` from a Banana CSV file.
 
   Raises:
-    ValueError: one line naming the file and the 1-based line number: a header other than
-      At1,At2,Class, a row without 3 columns, a non-numeric or non-finite cell, a class other
-      than -1 or 1, or no data rows.
+    ValueError: one line naming the file and the 1-based line number: a line that is not
+      UTF-8 text, a header other than At1,At2,Class, a row without 3 columns, a non-numeric or
+      non-finite cell, a class other than -1 or 1, or no data rows.
   """
   rows = []
-  with open(path, newline='') as f:
-    for number, line in enumerate(f, start=1):
-      text = line.strip()
-      if not text:
-        continue
-      cells = [c.strip() for c in text.split(',')]
-      if number == 1:
-        if tuple(cells) != HEADER:
-          raise ValueError(f'{path}, line 1: header {text[:80]!r}, expected '
-                           f'{",".join(HEADER)!r}.')
-        continue
-      if len(cells) != len(HEADER):
-        raise ValueError(f'{path}, line {number}: {len(cells)} columns, expected '
-                         f'{len(HEADER)} ({",".join(HEADER)}): {text[:80]!r}.')
-      try:
-        values = [float(c) for c in cells]
-      except ValueError:
-        bad = next(c for c in cells if not download_lib.is_number(c))
-        raise ValueError(f'{path}, line {number}: non-numeric cell {bad[:40]!r}.') from None
-      if not all(np.isfinite(values)):
-        raise ValueError(f'{path}, line {number}: non-finite value in {text[:80]!r}.')
-      if values[2] not in (-1.0, 1.0):
-        raise ValueError(f'{path}, line {number}: class {cells[2]!r}, expected -1 or 1.')
-      rows.append(values)
+  expected = (f'a CSV text file: the header {",".join(HEADER)}, then rows of two numbers and '
+              'a class -1 or 1')
+  for number, line in download_lib.text_lines(path, expected):
+    text = line.strip()
+    if not text:
+      continue
+    cells = [c.strip() for c in text.split(',')]
+    if number == 1:
+      if tuple(cells) != HEADER:
+        raise ValueError(f'{path}, line 1: header {text[:80]!r}, expected '
+                         f'{",".join(HEADER)!r}.')
+      continue
+    if len(cells) != len(HEADER):
+      raise ValueError(f'{path}, line {number}: {len(cells)} columns, expected '
+                       f'{len(HEADER)} ({",".join(HEADER)}): {text[:80]!r}.')
+    try:
+      values = [float(c) for c in cells]
+    except ValueError:
+      bad = next(c for c in cells if not download_lib.is_number(c))
+      raise ValueError(f'{path}, line {number}: non-numeric cell {bad[:40]!r}.') from None
+    if not all(np.isfinite(values)):
+      raise ValueError(f'{path}, line {number}: non-finite value in {text[:80]!r}.')
+    if values[2] not in (-1.0, 1.0):
+      raise ValueError(f'{path}, line {number}: class {cells[2]!r}, expected -1 or 1.')
+    rows.append(values)
   if not rows:
     raise ValueError(f'{path}: no data rows after the header {",".join(HEADER)}.')
   table = np.asarray(rows, np.float64)

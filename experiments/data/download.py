@@ -56,6 +56,7 @@ __all__ = [
   'fetch',
   'find',
   'sha256_of',
+  'text_lines',
   'url_for',
 ]
 
@@ -262,6 +263,32 @@ def find(path: str, data_dir: str | None = None, download: bool = False,
       f'{path} not found ({where}). Pass {flag}=DIR or set {DATA_DIR_ENV}=DIR to a folder '
       f'holding {path}, or allow the download ({DOWNLOAD_FLAG}; download=True in Python) from its '
       f'public source ({remote.source}) into the cache {cache_root(cache_dir)}.')
+
+
+def text_lines(path: str, expected: str):
+  r"""`(number, line)` of each line of the text file `path` (1-based), decoded as UTF-8 (lines
+  end at `\n`, `\r\n` or `\r`, as in Python's text files).
+
+  A line that is not UTF-8 (a binary file, another encoding) raises a one-line ValueError
+  naming the file, the line and the byte, and saying that `expected` was expected.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile('wb', suffix='.csv') as f:
+    ...   _ = f.write(b'a,b\n1,\xff\n')
+    ...   f.flush()
+    ...   list(text_lines(f.name, 'numbers'))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    ValueError: /...csv, line 2: not UTF-8 text (byte 0xff at column 3); expected numbers.
+  """
+  with open(path, 'rb') as f:
+    data = f.read()
+  for number, raw in enumerate(data.splitlines(keepends=True), start=1):  # \n, \r\n or \r
+    try:
+      yield number, raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{path}, line {number}: not UTF-8 text (byte 0x{raw[e.start]:02x} at '
+                       f'column {e.start + 1}); expected {expected}.') from None
 
 
 def is_number(cell: str) -> bool:

@@ -153,30 +153,30 @@ def _join(names, limit: int = 10) -> str:
 def parse(path: str) -> tuple[np.ndarray, np.ndarray, int]:
   """Reads one file: features `(n, d)`, targets `(n,)` (float64), last data row's line number.
 
-  Errors name the file and the 1-based line number: fewer than 2 columns, a
-  non-numeric cell, or a row whose column count differs from the first row's.
+  Errors name the file and the 1-based line number: a line that is not UTF-8 text, fewer
+  than 2 columns, a non-numeric cell, or a row whose column count differs from the first row's.
   """
   rows, width, first_line, last_line = [], None, None, 0
-  with open(path) as f:
-    for number, line in enumerate(f, start=1):
-      cells = line.split()
-      if not cells:
-        continue
-      if len(cells) < 2:
-        raise ValueError(
-            f'{path}, line {number}: {len(cells)} column; a UCI file needs at least 2 '
-            '(features, then the target last).')
-      if width is None:
-        width, first_line = len(cells), number
-      elif len(cells) != width:
-        raise ValueError(
-            f'{path}, line {number}: {len(cells)} columns, but line {first_line} has {width}.')
-      try:
-        rows.append([float(c) for c in cells])
-      except ValueError:
-        bad = next(c for c in cells if not download_lib.is_number(c))
-        raise ValueError(f'{path}, line {number}: non-numeric cell {bad!r}.') from None
-      last_line = number
+  expected = 'a text file of whitespace-separated numbers, one row per line, the target last'
+  for number, line in download_lib.text_lines(path, expected):
+    cells = line.split()
+    if not cells:
+      continue
+    if len(cells) < 2:
+      raise ValueError(
+          f'{path}, line {number}: {len(cells)} column; a UCI file needs at least 2 '
+          '(features, then the target last).')
+    if width is None:
+      width, first_line = len(cells), number
+    elif len(cells) != width:
+      raise ValueError(
+          f'{path}, line {number}: {len(cells)} columns, but line {first_line} has {width}.')
+    try:
+      rows.append([float(c) for c in cells])
+    except ValueError:
+      bad = next(c for c in cells if not download_lib.is_number(c))
+      raise ValueError(f'{path}, line {number}: non-numeric cell {bad!r}.') from None
+    last_line = number
   if not rows:
     raise ValueError(f'{path}: no data rows (only blank lines).')
   data = np.asarray(rows, np.float64)

@@ -324,18 +324,28 @@ CONFIG_RULES = {'num_points': _num_points, 'compare_rates': validate.boolean,
 
 
 def check_data(config) -> None:
-  """Raises `validate.ConfigError` unless banana.csv is in the data directory and parses (or
-  may be downloaded), and `cv_folds` leaves every fold's fit part a batch."""
+  """Raises `validate.ConfigError` unless banana.csv is in the data directory, parses and holds
+  `num_points` points (or may be downloaded: the reference file's `REFERENCE_POINTS`), and
+  `cv_folds` leaves every fold's fit part a batch."""
   if config.get('lr_selection') == 'cv':
     n = config.num_points - config.num_points // 5
     lr_search.check_folds(config.cv_folds, n, 'the Banana training set', config.batch_size)
-  if config.get('download', False):
-    return
+  data_dir = config.get('data_dir')
   try:
-    banana_data.parse(download_lib.find(banana_data.FILE, config.get('data_dir'),
-                                        flag='--config.data_dir', error=validate.Bad))
-  except (validate.Bad, ValueError) as e:
-    raise validate.ConfigError(f'--config.data_dir={config.get("data_dir")}: {e}') from None
+    path = download_lib.find(banana_data.FILE, data_dir, flag='--config.data_dir',
+                             error=validate.Bad)
+    points = len(banana_data.parse(path)[0])
+  except validate.Bad as e:
+    if not config.get('download', False):
+      raise validate.ConfigError(f'--config.data_dir={data_dir}: {e}') from None
+    path, points = None, banana_data.REFERENCE_POINTS  # the run fetches the reference file
+  except ValueError as e:
+    raise validate.ConfigError(f'--config.data_dir={data_dir}: {e}') from None
+  num_points = config.get('num_points')
+  if isinstance(num_points, int) and num_points > points:
+    where = path or f'the reference {banana_data.FILE} (downloaded)'
+    raise validate.ConfigError(f'--config.num_points={num_points}: must be at most {points}, the '
+                               f'points in {where}.')
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -60,9 +60,10 @@ CONFIG_RULES = {'methods': validate.names_list(METHODS), 'width': validate.integ
 
 
 def check_data(config) -> None:
-  """Raises `validate.ConfigError` unless the CIFAR-10 archive is there (or may download)."""
-  if not config.get('download', False):
-    validate.check_cifar10(config.get('data_dir'))
+  """Raises `validate.ConfigError` unless the CIFAR-10 archive is there and complete (or may
+  download)."""
+  validate.check_cifar10(config.get('data_dir'), config.get('download', False),
+                         config.get('cache_dir'))
 
 
 # This study's 'wn' weight kind (for `models.layer`): the library's WN wrapper around the Dense

@@ -59,9 +59,11 @@ CONFIG_RULES = {'dataset': validate.choice(DATASETS),
 
 
 def check_data(config) -> None:
-  """Raises `validate.ConfigError` unless CIFAR-10 (when read) is there (or may download)."""
-  if config.get('dataset') == 'cifar10' and not config.get('download', False):
-    validate.check_cifar10(config.get('data_dir'))
+  """Raises `validate.ConfigError` unless CIFAR-10 (when read) is there and complete (or may
+  download)."""
+  if config.get('dataset') == 'cifar10':
+    validate.check_cifar10(config.get('data_dir'), config.get('download', False),
+                           config.get('cache_dir'))
 
 
 def kernel_init(init: str, activation: str):

@@ -248,8 +248,8 @@ def check_data(config) -> None:
       raise validate.ConfigError(
           f'--config.cifar_batch_size={config.cifar_batch_size}: more than the '
           f'{config.cifar_train_examples} training images (cifar_train_examples).')
-    if not config.get('download', False):
-      validate.check_cifar10(config.get('data_dir'))
+    validate.check_cifar10(config.get('data_dir'), config.get('download', False),
+                           config.get('cache_dir'))
   if 'banana' in names:
     banana_2d.check_data(config)
   uci = [n for n in names if n not in TASKS]

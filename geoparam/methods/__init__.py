@@ -40,13 +40,28 @@ __all__ = ['Method', 'Param', 'Layer', 'IMN', 'REGISTRY', 'register', 'get', 'op
 REGISTRY: dict[str, Callable[..., Method]] = {}
 
 
-def register(name: str, factory: Callable[..., Method]) -> None:
-  """Makes `factory(**options) -> Method` available as `name` to every consumer."""
+def register(name: str, factory: Callable[..., Method], *, override: bool = False) -> None:
+  """Makes `factory(**options) -> Method` available as `name` to every consumer.
+
+  A name already registered (a built-in such as `'gmp'` included) is refused unless
+  `override=True`: replacing it changes that method for every layer, wrapper and transform in
+  the process. Registering the same factory again under its name is a no-op.
+  """
   if not isinstance(name, str) or not name:
     raise ValueError(f'a method name must be a non-empty string, got {name!r}.')
   if not callable(factory):
     raise TypeError(f'factory must be callable, got {factory!r}.')
+  if name in REGISTRY and REGISTRY[name] is not factory and not override:
+    raise ValueError(f'method {name!r} is already registered (to {_named(REGISTRY[name])}); '
+                     'registering it again would replace it for every consumer in the process. '
+                     'Pick a new name, or pass override=True to replace it.')
   REGISTRY[name] = factory
+
+
+def _named(factory) -> str:
+  """`module.qualname` of a factory, for messages (its repr when it has none)."""
+  qualname = getattr(factory, '__qualname__', None)
+  return f'{getattr(factory, "__module__", "?")}.{qualname}' if qualname else repr(factory)
 
 
 def options_of(factory: Callable[..., Method]) -> list[str]:
@@ -58,14 +73,18 @@ def options_of(factory: Callable[..., Method]) -> list[str]:
 def get(method: str | Method, **options) -> Method:
   """The `Method` for a registry name (built with `options`), or `method` itself.
 
-  Raises ValueError for an unknown name (listing the registered ones) and
-  TypeError for options the method does not take.
+  Raises ValueError for an unknown name (listing the registered ones), and TypeError for a
+  `method` that is neither a name nor a `Method`, for options the method does not take and
+  for a registered factory that returns no `Method`.
   """
   if isinstance(method, Method):
     if options:
       raise TypeError(f'options {sorted(options)} are given with a built Method '
                       f'({method.name!r}): build it with them instead.')
     return method
+  if not isinstance(method, str):
+    raise TypeError(f'method must be a registry name (one of {tuple(REGISTRY)}) or a '
+                    f'geoparam.methods.Method, got {method!r} of type {type(method).__name__}.')
   if method not in REGISTRY:
     raise ValueError(f'method must be one of {tuple(REGISTRY)} or a geoparam.methods.Method, '
                      f'got {method!r}.')
@@ -74,7 +93,11 @@ def get(method: str | Method, **options) -> Method:
   unknown = sorted(set(options) - set(accepted))
   if unknown:
     raise TypeError(f'method {method!r} takes the options {accepted}; got unknown {unknown}.')
-  return factory(**options)
+  built = factory(**options)
+  if not isinstance(built, Method):
+    raise TypeError(f'the factory registered as method {method!r} ({_named(factory)}) returned '
+                    f'{built!r:.80} of type {type(built).__name__}, not a geoparam.methods.Method.')
+  return built
 
 
 register('gmp', _gmp.gmp)

@@ -125,13 +125,22 @@ class Method(NamedTuple):
   imn: IMN | None = None
 
 
-def with_imn(method: Method, momentum: float = 0.99, axis_name: str | None = None) -> Method:
+def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:
   """`method` with input mean normalization: GmP+IMN is `with_imn(gmp())`.
 
     >>> from geoparam import methods
     >>> methods.with_imn(methods.get('gmp')).imn
     IMN(momentum=0.99, axis_name=None)
+
+  `method`: a `Method`, or a registry name, built by `geoparam.methods.get` with its default
+  options (`with_imn('wn')` is `with_imn(get('wn'))`; build it with `get` to pass options).
   """
+  if isinstance(method, str):
+    from geoparam import methods  # pylint: disable=g-import-not-at-top (the registry imports us)
+    method = methods.get(method)
+  if not isinstance(method, Method):
+    raise TypeError(f'with_imn: method must be a registry name or a geoparam.methods.Method, got '
+                    f'{method!r:.80} of type {type(method).__name__}.')
   if not 0.0 <= momentum <= 1.0:
     raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
   return method._replace(imn=IMN(momentum, axis_name))
@@ -156,8 +165,14 @@ def init(method: Method, key: jax.Array, kernel_shape: Shape, layer: Layer = Lay
   """The method's stored variables for a kernel of `kernel_shape`, from one key (unboxed).
 
   Each variable gets its own key (`fold_in` of its position), a joint draw one more.
+  `kernel_shape` has the fan-in axes then the units, each >= 1 (else ValueError).
   """
   kernel_shape = tuple(kernel_shape)
+  if len(kernel_shape) < 2 or not all(isinstance(d, (int, np.integer)) and d >= 1
+                                      for d in kernel_shape):
+    raise ValueError(f'kernel_shape must be at least 2 ints >= 1, the fan-in axes then the units '
+                     f'(e.g. (fan_in, features)), got {kernel_shape}: a kernel with no units or '
+                     'no fan-in has no parameters to make.')
   specs = method.params(kernel_shape, layer, lambda: jax.random.fold_in(key, 1 << 20))
   return {name: meta.unbox(p.init(jax.random.fold_in(key, i), p.shape, stored_dtype(p, dtype)))
           for i, (name, p) in enumerate(specs.items())}

@@ -122,6 +122,9 @@ def from_dense(kernel, bias=None) -> dict[str, jax.Array]:
   kernel = jnp.asarray(kernel)
   if kernel.ndim < 2:
     raise ValueError(f'kernel must have shape (..., fan_in-part, features), got {kernel.shape}.')
+  if kernel.size == 0:
+    raise ValueError(f'kernel of shape {kernel.shape} is empty: it needs at least one unit (last '
+                     'axis) and a fan-in of at least 1 (the other axes) to have a GmP form.')
   if jnp.issubdtype(kernel.dtype, jnp.complexfloating):
     raise ValueError(f'kernel must be real, got dtype {kernel.dtype}.')
   if not jnp.issubdtype(kernel.dtype, jnp.floating):

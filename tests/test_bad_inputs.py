@@ -1,0 +1,231 @@
+"""Issue 35: bad inputs a Flax user tried that gave an obscure error or a silently wrong result.
+
+Each case now gets a clear ValueError/TypeError naming the argument and what is accepted,
+raised before any work.
+"""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+import jax
+import numpy as np
+import pytest
+
+import geoparam
+from geoparam import methods
+
+
+# ----------------------------------------------------------------------------- the registry
+
+def test_register_refuses_to_replace_a_method_unless_override():
+  before = methods.REGISTRY['gmp']
+  with pytest.raises(ValueError, match=r"method 'gmp' is already registered .*override=True"):
+    methods.register('gmp', lambda: methods.get('wn'))
+  assert methods.REGISTRY['gmp'] is before
+  methods.register('gmp', before)  # the same factory again: a no-op
+  try:
+    methods.register('gmp', lambda: before()._replace(name='mine'), override=True)
+    assert methods.get('gmp').name == 'mine'
+  finally:
+    methods.register('gmp', before, override=True)
+  with pytest.raises(TypeError, match='positional'):
+    methods.register('gmp', before, True)  # override is keyword-only
+
+
+@pytest.mark.parametrize('bad', [['gmp'], ('gmp',), None, 3])
+def test_get_of_a_non_name_is_a_type_error_listing_the_names(bad):
+  with pytest.raises(TypeError, match=r"method must be a registry name \(one of \('gmp', "
+                                      r"'gmp_imn', 'lcw', 'cwn', 'wn'\)\) or a "
+                                      r'geoparam.methods.Method, got .* of type'):
+    methods.get(bad)
+
+
+def test_with_imn_takes_a_method_or_a_name():
+  with pytest.raises(TypeError, match=r'with_imn: method must be a registry name or a '
+                                      r'geoparam.methods.Method, got \[.gmp.\] of type list'):
+    methods.with_imn(['gmp'])
+  with pytest.raises(ValueError, match=r"method must be one of .* got 'gmpp'"):
+    methods.with_imn('gmpp')
+  wn_imn = methods.with_imn('wn', momentum=0.9)  # a name is built by methods.get
+  assert (wn_imn.name, wn_imn.imn) == ('wn', methods.IMN(0.9, None))
+
+
+def test_a_factory_that_returns_no_method_fails_in_get_naming_it():
+  methods.register('returns_int', lambda: 3)
+  try:
+    with pytest.raises(TypeError, match=r"factory registered as method 'returns_int' .*returned "
+                                        r'3 of type int, not a geoparam.methods.Method'):
+      methods.get('returns_int')
+  finally:
+    del methods.REGISTRY['returns_int']
+
+
+@pytest.mark.parametrize('shape', [(4,), (), (4, 0), (0, 3), (3, 0, 2)])
+def test_init_refuses_kernel_shapes_without_units_or_fan_in(shape):
+  with pytest.raises(ValueError, match=r'kernel_shape must be at least 2 ints >= 1, the fan-in '
+                                       rf'axes then the units .*got {re.escape(str(shape))}'):
+    methods.init(methods.get('wn'), jax.random.key(0), shape)
+
+
+# ----------------------------------------------------------------------------- convert
+
+@pytest.mark.parametrize('shape', [(8, 0), (0, 3), (3, 3, 0, 4)])
+def test_dense_to_gmp_of_an_empty_kernel(shape):
+  with pytest.raises(ValueError, match=rf'kernel of shape {re.escape(str(shape))} is empty: it '
+                                       'needs at least one unit'):
+    geoparam.convert.dense_to_gmp(np.zeros(shape))
+
+
+# ----------------------------------------------------------------------------- zero vectors
+
+def test_boundary_location_of_zero_weight_units_raises_eagerly_and_is_inf_traced():
+  sp = {'kernel': np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]), 'bias': np.array([1.0, 1.0, -2.0])}
+  with pytest.raises(ValueError, match=r"boundary_location\(kind='sp'\): units \[0, 2\] have a "
+                                       r'zero weight vector \(w = 0\)'):
+    geoparam.analysis.boundary_location(sp, 'sp')
+  wn = {'kernel': np.ones((2, 2)), 'scale': np.array([0.0, 1.0])}
+  with pytest.raises(ValueError, match=r"kind='wn'\): units \[0\] have a zero weight vector"):
+    geoparam.analysis.boundary_location(wn, 'wn')
+  with pytest.raises(ValueError, match=r"kind='lcw'\): units \[1\]"):  # a registry method
+    geoparam.analysis.boundary_location({'v': np.array([[1.0, 0.0]]), 'bias': np.zeros(2)}, 'lcw')
+  location = lambda p: geoparam.analysis.boundary_location(p, 'sp')
+  phi = np.asarray(jax.jit(location)(sp))  # traced: no values to check, documented +inf rows
+  assert np.all(np.isinf(phi[[0, 2]])) and np.all(np.isfinite(phi[1]))
+  stacked = jax.tree.map(lambda a: np.stack([a, a]), sp)
+  assert np.all(np.isinf(np.asarray(jax.vmap(location)(stacked))[:, [0, 2]]))
+  ok = {'kernel': np.ones((2, 3)), 'bias': np.ones(3)}
+  np.testing.assert_allclose(location(ok), -0.5 * np.ones((3, 2)))
+
+
+def test_angle_between_a_zero_vector_raises_eagerly_and_is_nan_traced():
+  angle = geoparam.hyperspherical.angle_between
+  with pytest.raises(ValueError, match=r'angle_between: u is zero \(all 3 entries are 0\): a zero '
+                                       'vector has no direction'):
+    angle(np.zeros(3), np.ones(3))
+  with pytest.raises(ValueError, match='angle_between: v is zero'):
+    angle(np.ones(2), np.zeros(2))
+  assert np.isnan(jax.jit(angle)(np.zeros(3), np.ones(3)))
+  assert np.all(np.isnan(jax.vmap(angle)(np.zeros((2, 3)), np.ones((2, 3)))))
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
+
+
+def run_main(args, timeout=300):
+  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def assert_refused(proc, says):
+  """What tests/test_cli.py asserts of a refused setting: rc 2, one line, no traceback."""
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith('experiments.main: ') and says in lines[0], lines[0]
+  assert 'Traceback' not in proc.stderr and proc.stdout == ''
+
+
+def _archive(folder, cut=None, flip=None):
+  """A small `cifar10-jpeg.tar.gz` in `folder` (random, incompressible members), its first `cut`
+  bytes only, or with the byte at `flip` inverted."""
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode='w:gz') as tf:
+    for name in ('train/cat/0.jpg', 'test/cat/0.jpg'):
+      data = np.random.default_rng(0).bytes(1 << 16)
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tf.addfile(info, io.BytesIO(data))
+  raw = bytearray(buffer.getvalue())
+  if flip is not None:
+    raw[flip] ^= 0xFF
+  path = folder / 'cifar10-jpeg.tar.gz'
+  path.write_bytes(bytes(raw[:cut]))
+  return path
+
+
+def test_cli_refuses_a_truncated_cifar_archive_before_writing_anything(tmp_path):
+  path = _archive(tmp_path, cut=70_000)
+  workdir = tmp_path / 'run'
+  assert_refused(run_main(['--config=experiments/configs/cifar10_cnn.py:smoke',
+                           f'--config.data_dir={tmp_path}', f'--workdir={workdir}']),
+                 f'--config.data_dir={tmp_path}: {path} is truncated or corrupt (it ends before '
+                 'the end of its gzip stream); replace it with a complete copy')
+  assert not workdir.exists()
+
+
+def test_a_corrupt_or_foreign_cifar_archive_is_refused_by_the_data_check(tmp_path):
+  from experiments.configs import validate
+  for kwargs, says in [(dict(flip=40_000), r'is truncated or corrupt \((BadGzipFile|error): '),
+                       (dict(cut=1000), r'is truncated or corrupt \(it ends before the end of '
+                                        'its gzip stream')]:
+    path = _archive(tmp_path, **kwargs)
+    match = rf'--config.data_dir={re.escape(str(tmp_path))}: {re.escape(str(path))} {says}'
+    for download in (False, True):  # a local archive is the one the run reads, download or not
+      with pytest.raises(validate.ConfigError, match=match):
+        validate.check_cifar10(str(tmp_path), download, cache_dir=str(tmp_path / 'cache'))
+  (tmp_path / 'cifar10-jpeg.tar.gz').write_text('not an archive')
+  with pytest.raises(validate.ConfigError, match=r'is truncated or corrupt \(not a tar archive\)'):
+    validate.check_cifar10(str(tmp_path), cache_dir=str(tmp_path / 'cache'))
+  _archive(tmp_path)  # complete
+  validate.check_cifar10(str(tmp_path), cache_dir=str(tmp_path / 'cache'))
+
+
+BANANA = '--config=experiments/configs/banana_2d.py:smoke'
+
+
+def _banana_csv(folder, rows=20):
+  lines = ['At1,At2,Class'] + [f'{i / 10},{-i / 10},{1 if i % 2 else -1}' for i in range(rows)]
+  (folder / 'banana.csv').write_text('\n'.join(lines) + '\n')
+  return folder / 'banana.csv'
+
+
+def test_cli_refuses_more_banana_points_than_the_file_holds_with_the_other_checks(tmp_path):
+  workdir = tmp_path / 'run'
+  assert_refused(run_main([BANANA, '--config.num_points=99999', f'--config.data_dir={DATA}',
+                           f'--workdir={workdir}']),
+                 f'--config.num_points=99999: must be at most 5300, the points in '
+                 f'{os.path.join(DATA, "banana.csv")}.')
+  assert not workdir.exists()
+  from experiments import main as main_lib
+  from experiments.configs import validate
+  config = main_lib._load_config(os.path.join(ROOT, BANANA.split('=', 1)[1]))
+  path = _banana_csv(tmp_path)
+  config.data_dir, config.num_points = str(tmp_path), 200
+  with pytest.raises(validate.ConfigError, match=rf'--config.num_points=200: must be at most '
+                                                 rf'20, the points in {re.escape(str(path))}\.'):
+    main_lib.check(config, str(workdir))
+  config.download = True  # a local file is still the one read; with none, the reference file's
+  with pytest.raises(validate.ConfigError, match='must be at most 20, the points in'):
+    main_lib.check(config, str(workdir))
+  config.data_dir, config.num_points = str(tmp_path / 'empty'), 99999
+  with pytest.raises(validate.ConfigError, match=r'--config.num_points=99999: must be at most '
+                                                 r'5300, the points in the reference banana.csv'):
+    main_lib.check(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_cli_names_a_data_file_that_is_not_utf8_text(tmp_path):
+  path = _banana_csv(tmp_path)
+  path.write_bytes(path.read_bytes().replace(b'0.3,', b'0.3\xe9,'))
+  workdir = tmp_path / 'run'
+  assert_refused(run_main([BANANA, f'--config.data_dir={tmp_path}', f'--workdir={workdir}']),
+                 f'--config.data_dir={tmp_path}: {path}, line 5: not UTF-8 text (byte 0xe9 at '
+                 'column 4); expected a CSV text file: the header At1,At2,Class, then rows of two '
+                 'numbers and a class -1 or 1.')
+  assert not workdir.exists()
+  from experiments.data import uci_data
+  uci = tmp_path / 'uci'
+  uci.mkdir()
+  (uci / 'yacht.txt').write_bytes(b'1 2 3\n4 5 6\n\xff\xfe 7 8\n')
+  with pytest.raises(ValueError, match=r'yacht.txt, line 3: not UTF-8 text \(byte 0xff at '
+                                       r'column 1\); expected a text file of whitespace-separated'):
+    uci_data.parse(str(uci / 'yacht.txt'))
+  (uci / 'mac.txt').write_bytes(b'1 2 3\r4 5 6\r')  # \r line ends read as before
+  assert uci_data.parse(str(uci / 'mac.txt'))[2] == 2
