@@ -57,8 +57,7 @@ nitpick_ignore_regex = [
     ('py:class', 'geoparam.schedules.Schedule'),
 ]
 
-templates_path = ['_templates']
-autosummary_generate = True
+autosummary_generate = False  # the API pages list every entry themselves (write_api_pages)
 autosummary_ignore_module_all = False
 autodoc_default_options = {'members': False}
 autodoc_typehints = 'signature'
@@ -108,8 +107,20 @@ def public_modules():
   return found
 
 
+def directive(module, attr):
+  """The autodoc directive of `module.attr`, by what it is."""
+  obj = getattr(importlib.import_module(module), attr)
+  if inspect.isclass(obj):
+    return [f'.. autoclass:: {attr}', '   :members:', '   :special-members: __call__', '']
+  if callable(obj):
+    return [f'.. autofunction:: {attr}', '']
+  return [f'.. autodata:: {attr}', '   :no-value:', '']
+
+
 def write_api_pages():
-  """docs/api/<module>.rst for every public module (regenerated at each build; ignored by git)."""
+  """docs/api/<module>.rst for every public module (regenerated at each build; ignored by git):
+  the module's docstring, a summary table of its names, then each name's entry on the same page
+  (one page per module keeps the build fast: the theme's navigation costs per page)."""
   os.makedirs(API_DIR, exist_ok=True)
   modules = public_modules()
   pages = {}
@@ -118,11 +129,15 @@ def write_api_pages():
     lines = [name, '=' * len(name), '', f'.. automodule:: {name}', '   :no-members:', '',
              f'.. currentmodule:: {name}', '']
     if attrs:
-      lines += ['.. autosummary::', '   :toctree: _generated', '   :nosignatures:', '']
+      lines += ['.. autosummary::', '   :nosignatures:', '']
       lines += [f'   {a}' for a in attrs] + ['']
     if submodules:
       lines += ['Submodules', '----------', '', '.. toctree::', '   :maxdepth: 1', '']
       lines += [f'   {m}' for m in submodules] + ['']
+    if attrs:
+      lines += ['Reference', '---------', '']
+      for attr in attrs:
+        lines += directive(name, attr)
     pages[name] = '\n'.join(lines)
   for name, text in pages.items():
     path = os.path.join(API_DIR, f'{name}.rst')
@@ -136,7 +151,8 @@ def write_api_pages():
   return list(pages)
 
 
-API_PAGES = write_api_pages()
+# (tests/test_docs_build.py borrows this configuration for small builds without the API pages)
+API_PAGES = [] if os.environ.get('GEOPARAM_DOCS_NO_API') else write_api_pages()
 
 
 LITERAL = re.compile(r'(?<![`:\w])`([^`]+)`(?![`_\w])')
