@@ -71,6 +71,8 @@ copybutton_prompt_is_regexp = True
 
 html_theme = 'sphinx_book_theme'
 html_title = 'geoparam'
+html_static_path = ['_static']
+html_css_files = ['custom.css']
 html_theme_options = {
     'repository_url': 'https://github.com/YOUR-ORG/geoparam',
     'use_repository_button': True,
