@@ -18,7 +18,7 @@ thread's CPU time, which other jobs on a shared machine inflate less), and image
 `experiments.vision.loader.Loader` with each count of grain worker processes in `--workers`
 (one thread each; 0: one thread of this process; median over the repeats) and the speed-up of
 the largest count over the smallest. Colour jitter and lighting are not host work once they
-run in the train step on the device (see the README). `--tiny` shrinks everything (the test
+run in the train step on the device (see docs/speed.md). `--tiny` shrinks everything (the test
 suite runs that).
 """
 

@@ -119,7 +119,7 @@ def test_bad_settings_are_refused_before_any_work(fake_data_dir, tmp_path, monke
       main.run_study('deep_sigmoid_mlp', str(tmp_path / 'w'), **fields)
     assert says in str(e.value) and '\n' not in str(e.value), (fields, str(e.value))
   monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
-  with pytest.raises(validate.ConfigError, match=r'\$GEOPARAM_DATA_DIR=None; set'):
+  with pytest.raises(validate.ConfigError, match=r'no data directory is given \(no --config.data_dir, no \$GEOPARAM_DATA_DIR\); set'):
     main.run_study('deep_sigmoid_mlp', str(tmp_path / 'w'), 'smoke')
   assert not (tmp_path / 'w').exists()
 

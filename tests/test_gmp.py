@@ -387,7 +387,7 @@ def test_feature_group_count_must_divide():
 
 
 def test_sgd_moves_the_kernel_r_squared_times_faster(x64):
-  """Why careless GmP needs small SGD rates (README, robustness): with a loss linear in the
+  """Why careless GmP needs small SGD rates (docs/robustness.md): with a loss linear in the
   outputs, d loss / d theta at radius r is r times its value at r = 1, so one SGD step on
   theta moves the kernel `r u(theta)` r^2 times as far (to first order), while the radius's
   own gradient does not depend on r."""

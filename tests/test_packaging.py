@@ -88,12 +88,12 @@ def test_wheel_holds_the_library_only(wheel):
   requires = {str(Requirement(r)) for r in metadata.get_all('Requires-Dist')}
   for dep in project['dependencies']:
     assert str(Requirement(dep)) in requires, (dep, requires)
-  assert set(metadata.get_all('Provides-Extra')) == {'experiments', 'test'}
+  assert set(metadata.get_all('Provides-Extra')) == {'docs', 'experiments', 'test'}
   assert metadata['Summary'].startswith('Geometric parameterization (GmP)')
-  # `python -m build` (the README's command) comes with the test extra.
+  # `python -m build` (the command of docs/getting_started.md) comes with the test extra.
   assert 'build>=1.2; extra == "test"' in {
       str(Requirement(r)) for r in metadata.get_all('Requires-Dist')}
-  # The long description is PYPI.md, short, pointing to the repository (not the 56 KB README).
+  # The long description is PYPI.md, short, pointing to the repository (not the README).
   with open(os.path.join(ROOT, 'PYPI.md'), encoding='utf-8') as f:
     assert metadata.get_payload().strip() == f.read().strip()
   assert metadata['Description-Content-Type'] == 'text/markdown'

@@ -42,7 +42,7 @@ def test_imagenet_resnet50_smoke_on_mock_tfds_records(tmp_path):
 
 
 def test_cifar_lcw_smoke_on_mock_tfds_records(tmp_path):
-  config = cifar_lcw.get_config('model=preact_resnet18,smoke')
+  config = cifar_lcw.get_config('model=preact_resnet18,dataset=cifar10,smoke')
   assert (config.method, config.weight_decay, config.lr_schedule) == ('bn_lcw', 5e-4, 'decay')
   config.num_workers = 0
   with mock_tfds(16):

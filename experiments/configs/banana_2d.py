@@ -7,14 +7,15 @@ accuracy improvement, early stop after 100 (best weights restored), at most
 5000 epochs, float64; 5 initialization seeds vmapped; with `compare_rates` every
 method also trains at the other rate (Fig. 3 a-i):
 
-  python -m experiments.main --config=experiments/configs/banana_2d.py --workdir=/tmp/banana
+  python -m experiments.main --config=experiments/configs/banana_2d.py --workdir=/tmp/banana \
+      --config.data_dir=../shared/data
 
 banana.csv is read from `data_dir` (None: $GEOPARAM_DATA_DIR); `--config.download=True`
 fetches it into the cache when missing. `smoke`: 150 epochs, 2 seeds, patience 10/20,
 all four methods at both rates (~20 s):
 
   python -m experiments.main --config=experiments/configs/banana_2d.py:smoke \
-      --workdir=/tmp/banana_smoke
+      --workdir=/tmp/banana_smoke --config.data_dir=../shared/data
 
 Any field on the command line, e.g. `--config.methods=sp,gmp --config.compare_rates=False`.
 """

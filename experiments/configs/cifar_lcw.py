@@ -3,8 +3,8 @@ r"""CIFAR-10/100, VGG19 or pre-activation ResNet18 with LCW/WN/CWN/SN, paper 003
 `model=vgg19` (default) or `model=preact_resnet18`; `method` one of
 `experiments.vision.models.CIFAR_PARAMETERIZATIONS` (`bn` is the paper's plain
 model, `bn_lcw` its "+LCW", `bn_wn`/`bn_cwn`/`bn_sn` WN, CWN and SN with BN as in the
-paper; `sp`/`lcw` are plain and LCW without BN); `dataset=cifar10` (default), `cifar100` (TFDS) or
-`cifar10_jpeg` (the offline archive). SGD momentum 0.9, weight decay 5e-4,
+paper; `sp`/`lcw` are plain and LCW without BN); `dataset=cifar10` (TFDS; the default),
+`cifar100` (TFDS) or `cifar10_jpeg` (the offline archive; the default of `smoke` and `reduced`). SGD momentum 0.9, weight decay 5e-4,
 batch 128, lr 0.1 decayed to a floor of 0.001: CIFAR-10 300 epochs, x0.95
 every 3 epochs; CIFAR-100 500 epochs, x0.95 every 5 epochs (here as the
 per-epoch factor 0.95**(1/3) resp. 0.95**(1/5), i.e. the same decay spread
@@ -30,8 +30,12 @@ early-training numbers of one seed, not Table 1's.
       --config=experiments/configs/cifar_lcw.py:model=vgg19,method=bn_lcw,reduced \
       --workdir=/tmp/gp8/lcw_vgg19_bn_lcw --config.data_dir=../shared/data
 
-`smoke` (e.g. on the tests' mock TFDS records): 1/16 width (ResNet18: one stage
-of one block), no dropout, 16 train / 8 eval examples, one epoch.
+`smoke`: 1/16 width (ResNet18: one stage of one block), no dropout, 16 train / 8 eval
+examples, one epoch, on the offline archive unless `dataset=` is given (the tests run
+`dataset=cifar10,smoke` on mock TFDS records):
+
+  python -m experiments.main --config=experiments/configs/cifar_lcw.py:smoke \
+      --workdir=/tmp/lcw_smoke --config.data_dir=../shared/data
 
 (`config.model` names a model of `experiments.vision.models.create_model`;
 `experiments.vision.train.create_model` must delegate to it for `vgg19`/`preact_resnet18`.)
@@ -41,12 +45,14 @@ from experiments.vision import models as vision_models
 from experiments.configs import common
 
 _DATASETS = ('cifar10', 'cifar100', 'cifar10_jpeg')
-NUM_EPOCHS_REDUCED = 15  # `reduced`: 1-3 minutes per run on the 2-core CPU (see README)
+NUM_EPOCHS_REDUCED = 15  # `reduced`: 1-3 minutes per run on the 2-core CPU (docs/trainer.md)
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, model='vgg19', method='bn_lcw', dataset='cifar10', reduced=False,
+  arg = common.parse_arg(arg, model='vgg19', method='bn_lcw', dataset='', reduced=False,
                          smoke=False)
+  # TFDS cifar10 by default; the offline archive for the runs sized for a CPU.
+  arg.dataset = arg.dataset or ('cifar10_jpeg' if arg.smoke or arg.reduced else 'cifar10')
   if arg.model not in ('vgg19', 'preact_resnet18'):
     raise ValueError(f"model must be 'vgg19' or 'preact_resnet18', got {arg.model!r}.")
   if arg.dataset not in _DATASETS:

@@ -7,19 +7,19 @@ reduced (10000 training and 2000 test images, 5 epochs, methods sp, lcw, bn,
 bn_lcw; a few minutes on 2 CPU cores):
 
   python -m experiments.main --config=experiments/configs/deep_sigmoid_mlp.py \
-      --workdir=/tmp/deep_sigmoid
+      --workdir=/tmp/deep_sigmoid --config.data_dir=../shared/data
 
 `full`: the paper's protocol, all 50000 training and 10000 test images, 100
 epochs, all eight methods (hours on CPU):
 
   python -m experiments.main --config=experiments/configs/deep_sigmoid_mlp.py:full \
-      --workdir=/tmp/deep_sigmoid_full
+      --workdir=/tmp/deep_sigmoid_full --config.data_dir=../shared/data
 
 `smoke`: 3 x 16 network, 1000 training and 500 test images, 2 epochs, sp and lcw
 (seconds):
 
   python -m experiments.main --config=experiments/configs/deep_sigmoid_mlp.py:smoke \
-      --workdir=/tmp/deep_sigmoid_smoke
+      --workdir=/tmp/deep_sigmoid_smoke --config.data_dir=../shared/data
 
 cifar10-jpeg.tar.gz (or the official cifar-10-binary.tar.gz) is read from
 `data_dir` (None: $GEOPARAM_DATA_DIR); `--config.download=True` fetches the

@@ -13,7 +13,7 @@ from `data_dir` (None: $GEOPARAM_DATA_DIR; `--config.download=True` fetches the
 official archive into the cache when missing):
 
   python -m experiments.main --config=experiments/configs/he_init_depth.py:cifar10 \
-      --workdir=/tmp/he_init_cifar
+      --workdir=/tmp/he_init_cifar --config.data_dir=../shared/data
 
 `smoke`: 4 x 32 network, 512 training and 256 test points, 2 epochs (seconds):
 

@@ -1,4 +1,4 @@
-r"""Robustness to the learning rate, the init scale and the width (issue 27, `robustness`).
+r"""Robustness to the learning rate, the init scale and the width (study `robustness`).
 
 Paper 002 claims GmP works "under less carefully chosen initialization schemes and larger
 learning rates". For every dataset and method this trains a grid of Adam learning rates x
@@ -16,20 +16,22 @@ epochs, batch 50, float32; test accuracy; the default grid with 5 methods: 830.8
 work. What "init scale" means per method, the divergence rule and the statistics:
 `experiments/studies/robustness.py`.
 
-  python -m experiments.main --config=experiments/configs/robustness.py --workdir=/tmp/rob
+  python -m experiments.main --config=experiments/configs/robustness.py --workdir=/tmp/rob \
+      --config.data_dir=../shared/data
 
 `smoke`: levy, banana and yacht, SP and GmP, 3 rates x 2 scales (+ careless) x 2 seeds,
 widths 8 and 16, 40 epochs (12 compiled fits; about a minute on 2 busy cores):
 
   python -m experiments.main --config=experiments/configs/robustness.py:smoke \
-      --workdir=/tmp/rob_smoke
+      --workdir=/tmp/rob_smoke --config.data_dir=../shared/data
 
 `cifar10`: the CNN alone, longer (5000 training images at 32x32, w = 16, 10 epochs, batch
 100; SP, WN, BN, GmP, GmP+IMN; 7 rates x 3 scales (+ careless) x 2 seeds, widths 8, 16, 32;
 an estimated ~20 h on 2 cores; 343 s on an H200 with the members vmapped, 2026-11-26):
 
   python -m experiments.main --config=experiments/configs/robustness.py:cifar10 \
-      --workdir=/tmp/rob_cifar10 --config.cifar_chunk_mb=4096 --config.cifar_memory_gb=100
+      --workdir=/tmp/rob_cifar10 --config.data_dir=../shared/data \
+      --config.cifar_chunk_mb=4096 --config.cifar_memory_gb=100
 
 The CNN at smoke size (seconds): `:smoke --config.datasets=cifar10`.
 

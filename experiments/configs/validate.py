@@ -26,6 +26,7 @@ import fnmatch
 import json
 import math
 import numbers
+import glob
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -377,6 +378,7 @@ def check_vision_data(config) -> None:
       sources.image_folder_splits(root)
     elif name in sources.TFDS_DATASETS:
       train_split, eval_split, _ = sources.TFDS_DATASETS[name]
+      check_tfds_prepared(name, sources.resolve_data_dir(data_dir))
       for split in (train_split, eval_split):
         sources.load_tfds(name, split, data_dir)
   except ConfigError:
@@ -387,6 +389,21 @@ def check_vision_data(config) -> None:
   except (OSError, ValueError) as e:
     message = ' '.join(str(e).split())  # a wrapped TFDS error may span lines
     raise ConfigError(f'--config.data_dir={data_dir}: {message}') from None
+
+
+def check_tfds_prepared(name: str, root: str | None) -> None:
+  """Raises `ConfigError` unless TFDS dataset `name` has a prepared version under `root` (TFDS's
+  own error for a missing dataset would blame the file format)."""
+  root = root or os.path.join(os.path.expanduser('~'), 'tensorflow_datasets')  # TFDS's default
+  if glob.glob(os.path.join(root, name, '*', 'dataset_info.json')) or glob.glob(
+      os.path.join(root, name, '*', '*', 'dataset_info.json')):  # (a config folder between)
+    return
+  manual = (f' (imagenet2012 needs the ILSVRC tars in {root}/downloads/manual first)'
+            if name == 'imagenet2012' else '')
+  raise ConfigError(f'--config.data_dir={root}: TFDS dataset {name!r} is not prepared there (no '
+                    f'{name}/<version>/dataset_info.json). Prepare it as ArrayRecord{manual}: '
+                    f'`tfds build {name} --file_format=array_record --data_dir={root}`, or set '
+                    '--config.data_dir (or GEOPARAM_DATA_DIR) to where it is.')
 
 
 def check_cifar10(data_dir: str | None, download: bool = False,
@@ -412,11 +429,16 @@ def check_cifar10(data_dir: str | None, download: bool = False,
   if download:
     return
   names = (sources.JPEG_ARCHIVE, sources.CIFAR10_BINARY)
+  fix = ('set --config.data_dir (or GEOPARAM_DATA_DIR) to the folder holding it, or '
+         '--config.download=True to fetch the official archive (170 MB).')
+  if not data_dir and not os.environ.get('GEOPARAM_DATA_DIR'):
+    raise ConfigError(f'--config.data_dir=None: CIFAR-10 needs {names[0]} (or {names[1]}) and no '
+                      f'data directory is given (no --config.data_dir, no $GEOPARAM_DATA_DIR); '
+                      + fix)
   where = (f'data_dir {resolved!r}' if data_dir else
-           f'$GEOPARAM_DATA_DIR={os.environ.get("GEOPARAM_DATA_DIR")!r}')
+           f'$GEOPARAM_DATA_DIR={os.environ["GEOPARAM_DATA_DIR"]!r}')
   raise ConfigError(f'--config.data_dir={data_dir}: no {names[0]} (or {names[1]}) in {where}; '
-                    'set --config.data_dir (or GEOPARAM_DATA_DIR) to the folder holding it, or '
-                    '--config.download=True to fetch the official archive (170 MB).')
+                    + fix)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""The study commands of README.md and of the documentation pages run as pasted.
+
+Every `python -m experiments.main ...` command of README.md and docs/*.md (in ```bash blocks and
+inline; a `for` loop's variables take their first value; placeholders other than the workdir
+`DIR` skip it) must pass every check of its config, data and workdir: each runs as the command
+line runs it (`experiments.main`'s absl entry point, with `--dry_run`) and `GEOPARAM_DATA_DIR`
+unset (as in a fresh shell: a command that needs data must say where it is), and so does its
+`:smoke` variant where the config has one. One process imports the studies once and forks a
+child per command, so the ~35 commands take seconds, not a process start each. The studies'
+smoke runs themselves are run by their own tests (test_levy_1d.py, test_banana_2d.py,
+test_uci_regression.py, test_robustness.py, test_vision_studies.py, ...).
+"""
+
+import glob
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ['README.md'] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+
+
+def first_loop_values(block: str) -> str:
+  """`for m in a b; do ... $m ... done` -> the body with `$m` (and `${m}`) set to `a`."""
+  for var, values in re.findall(r'for (\w+) in ([^;]+); do', block):
+    first = values.split()[0]
+    block = re.sub(rf'\$\{{{var}\}}|\${var}\b', first, block)
+  block = re.sub(r'for \w+ in [^;]+; do', '', block)
+  return re.sub(r'\bdone;?', '', block)
+
+
+def page_commands(text: str) -> list[str]:
+  """The `experiments.main` commands of a page, as arguments after `python -m`."""
+  pieces = []
+  for lang, block in re.findall(r'^```([^\n]*)\n(.*?)^```', text, flags=re.S | re.M):
+    if lang.strip() in ('', 'bash', 'sh'):  # (not a MyST directive such as {figure})
+      pieces += re.sub(r'\\\n\s*', ' ', first_loop_values(block)).splitlines()
+  prose = re.sub(r'^```.*?^```', '', text, flags=re.S | re.M)
+  pieces += [' '.join(c.split()) for c in re.findall(r'`([^`]*-m experiments\.[^`]*)`', prose)]
+  commands = []
+  for piece in pieces:
+    for part in piece.split('&&'):
+      part = part.split(' #')[0].strip()
+      m = re.search(r'(?:\.venv/bin/)?python -m experiments\.(\w+)(.*)', part)
+      if not m or any(c in part for c in '[]$<>') or '...' in part:
+        continue
+      if m.group(1) != 'main':
+        continue
+      command = ' '.join(f'experiments.{m.group(1)}{m.group(2)}'.split())
+      commands.append(re.sub(r'--workdir=\S+', '--workdir=DIR', command))  # (the test's own)
+  return commands
+
+
+def smoke_variant(command: str) -> str | None:
+  """The command with `smoke` added to its config's argument, if that config accepts it."""
+  m = re.search(r'--config=experiments/configs/(\w+)\.py(?::(\S+))?', command)
+  if not m or 'smoke' in (m.group(2) or '').split(','):
+    return None
+  arg = ','.join(filter(None, [m.group(2), 'smoke']))
+  try:
+    importlib.import_module(f'experiments.configs.{m.group(1)}').get_config(arg)
+  except (ValueError, TypeError, KeyError, AttributeError):
+    return None
+  return command.replace(m.group(0), f'--config=experiments/configs/{m.group(1)}.py:{arg}')
+
+
+def all_commands() -> dict[str, str]:
+  """command -> the first page that gives it (and its :smoke variants, marked)."""
+  found = {}
+  for page in PAGES:
+    with open(os.path.join(ROOT, page), encoding='utf-8') as f:
+      for command in page_commands(f.read()):
+        found.setdefault(command, page)
+  for command, page in list(found.items()):
+    smoke = smoke_variant(command)
+    if smoke:
+      found.setdefault(smoke, f'{page} (:smoke)')
+  return found
+
+
+COMMANDS = all_commands()
+
+
+def test_the_pages_have_study_commands():
+  pages = set(COMMANDS.values())
+  assert {'README.md', 'docs/paper_002.md', 'docs/robustness.md', 'docs/trainer.md'} <= pages
+  assert any('levy_1d.py ' in c for c in COMMANDS) and len(COMMANDS) >= 20, COMMANDS
+  assert any(':smoke' in c or ',smoke' in c for c in COMMANDS)
+
+
+def test_loops_take_their_first_values():
+  block = 'for m in sp wn; do\n  python -m experiments.main --config=x.py:method=$m --out=a_${m}\ndone\n'
+  assert page_commands(f'```bash\n{block}```\n') == [
+      'experiments.main --config=x.py:method=sp --out=a_sp']
+
+
+# Imports every study once, then runs each command's argv in a forked child through
+# `experiments.main.cli()` (absl parses the flags afresh in each child); prints a JSON list of
+# {'rc', 'output'}.
+DRIVER = r"""
+import importlib, json, os, pkgutil, sys, traceback
+from experiments import main
+import experiments.studies
+for m in pkgutil.iter_modules(experiments.studies.__path__):
+  importlib.import_module(f'experiments.studies.{m.name}')
+importlib.import_module('experiments.vision.train')
+results = []
+for argv in json.loads(sys.stdin.read()):
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    os.close(r)
+    os.dup2(w, 1)
+    os.dup2(w, 2)
+    sys.argv = ['experiments.main', *argv]
+    code = 1
+    try:
+      main.cli()
+      code = 0
+    except SystemExit as e:
+      code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+      traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  os.close(w)
+  chunks = []
+  while True:
+    chunk = os.read(r, 1 << 16)
+    if not chunk:
+      break
+    chunks.append(chunk)
+  os.close(r)
+  _, status = os.waitpid(pid, 0)
+  results.append({'rc': os.waitstatus_to_exitcode(status),
+                  'output': b''.join(chunks).decode(errors='replace')})
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope='module')
+def dry_runs(tmp_path_factory):
+  """command -> (exit status, output, workdir) of its dry run."""
+  commands = sorted(COMMANDS)
+  workdirs = [tmp_path_factory.mktemp('doc_command') / 'w' for _ in commands]
+  argvs = []
+  for command, workdir in zip(commands, workdirs):
+    args = shlex.split(command)[1:]  # (after experiments.main)
+    assert '--workdir=DIR' in args, command
+    args = [f'--workdir={workdir}' if a == '--workdir=DIR' else a for a in args]
+    argvs.append(args if '--dry_run' in args else args + ['--dry_run'])
+  env = {k: v for k, v in os.environ.items() if k != 'GEOPARAM_DATA_DIR'}
+  proc = subprocess.run([sys.executable, '-c', DRIVER], input=json.dumps(argvs), cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(proc.stdout.strip().splitlines()[-1])
+  return {c: (r['rc'], r['output'], w) for c, r, w in zip(commands, results, workdirs)}
+
+
+@pytest.mark.parametrize('command', sorted(COMMANDS), ids=lambda c: c[len('experiments.main '):])
+def test_command_passes_its_checks(command, dry_runs):
+  rc, output, workdir = dry_runs[command]
+  assert rc == 0 and 'pass every check' in output, (COMMANDS[command], command, output[-2000:])
+  assert not workdir.exists()
+
+
+def test_a_command_without_its_data_fails(dry_runs):
+  """The check can fail: the Banana study needs --config.data_dir when GEOPARAM_DATA_DIR is unset."""
+  del dry_runs  # (the same driver)
+  env = {k: v for k, v in os.environ.items() if k != 'GEOPARAM_DATA_DIR'}
+  argv = ['--config=experiments/configs/banana_2d.py:smoke', '--workdir=/nonexistent/w',
+          '--dry_run']
+  proc = subprocess.run([sys.executable, '-c', DRIVER], input=json.dumps([argv]), cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  (result,) = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result['rc'] == 2 and 'banana.csv not found' in result['output'], result
