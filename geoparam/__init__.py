@@ -8,6 +8,7 @@ from geoparam import analysis
 from geoparam import convert
 from geoparam import hyperspherical
 from geoparam import initializers
+from geoparam import kinds
 from geoparam import lcw
 from geoparam import masks
 from geoparam import methods
@@ -68,6 +69,7 @@ __all__ = [
   'he_uniform',
   'hyperspherical',
   'initializers',
+  'kinds',
   'lcw',
   'masks',
   'methods',

@@ -123,7 +123,7 @@ class Kind(NamedTuple):
   refused: str = ''
 
 
-# Layer class -> Kind; the shells register the Flax classes, users their own.
+#: Layer class -> `Kind`; the shells register the Flax classes, users their own.
 REGISTRY: dict[type, Kind] = {}
 
 
@@ -184,6 +184,7 @@ def _dense_layout(layer, inputs_shape):
   return _trailing((inputs_shape[-1],) + features, 1)
 
 
+#: `nn.Dense` and `nnx.Linear`: kernel `(fan_in, F)`.
 DENSE = Kind('Dense', _dense_layout, _last_axis,
              example_shape=lambda layer: (1, layer.in_features))
 
@@ -214,6 +215,7 @@ def _general_example(layer):
   return tuple(shape)
 
 
+#: `nn.DenseGeneral` and `nnx.LinearGeneral`: kernel `(*contracted, *features)`.
 GENERAL = Kind('DenseGeneral', _general_layout, _general_axes, _general_example)
 
 
@@ -268,6 +270,7 @@ def _conv_example(layer):
       layer.in_features,)
 
 
+#: `nn.Conv` and `nnx.Conv`: kernel `(*window, in // groups, F)`; IMN exact at padded borders.
 CONV = Kind('Conv', _conv_layout, _last_axis, _conv_example, _padding_free, taps=True)
 
 
@@ -291,6 +294,7 @@ def _no_imn(why):
   return imn_axes
 
 
+#: `nn.ConvTranspose` and `nnx.ConvTranspose`: every method without IMN.
 CONV_TRANSPOSE = Kind(
     'ConvTranspose', _conv_transpose_layout,
     _no_imn("a unit's weights are spread over the output positions, so `x - m` is not one bias "
@@ -380,5 +384,6 @@ def _einsum_has_bias(layer):
   return bool(use_bias) if use_bias is not None else getattr(layer, 'bias', None) is not None
 
 
+#: `nn.Einsum` and `nnx.Einsum`: units and fan-in from the einsum string.
 EINSUM = Kind('Einsum', _einsum_layout, _einsum_imn_axes, _einsum_example,
               has_bias=_einsum_has_bias)
