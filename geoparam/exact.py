@@ -42,13 +42,21 @@ def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
   `mean`, `var`: the running statistics; `scale`, `bias`: the affine params (None
   when the norm has none).
   """
-  s = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
+  if any(_traced(a) for a in (mean, var, scale, bias)):
+    xp, f = jnp, jnp.asarray  # under nnx.jit: in the statistics' dtype
+  else:
+    xp, f = np, lambda a: np.asarray(a, np.float64)
+  s = 1.0 / xp.sqrt(f(var) + epsilon)
   if scale is not None:
-    s = s * np.asarray(scale, np.float64)
-  t = -np.asarray(mean, np.float64) * s
+    s = s * f(scale)
+  t = -f(mean) * s
   if bias is not None:
-    t = t + np.asarray(bias, np.float64)
+    t = t + f(bias)
   return s, t
+
+
+def _traced(value) -> bool:
+  return any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(value))
 
 
 def check_fold(layout: kinds.Layout, bn_axis, bn_features, ndim: int, path, bn_path) -> None:
@@ -144,9 +152,17 @@ def convert_layer(method, layer, kernel, bias, inputs, path=(), fold=None,
   Returns:
     `(stored, mean)`: the params `{name: array}` in the kernel's dtype, and IMN's
     running mean `(width,)` (None without IMN).
+
+  Traced weights (under `jax.eval_shape`/`nnx.eval_shape`, `jax.jit`/`nnx.jit`) convert
+  through `jax.pure_callback`: the same float64 conversion on the host, so the
+  result is as exact as eagerly (a dropped BatchNorm's `fold` is then computed in
+  its statistics' dtype), its errors raised when the compiled function runs;
+  under `eval_shape` only the shapes and dtypes are made.
   """
   method = methods.get(method)
   layout = layout_of(layer, jnp.shape(inputs), path)
+  if _traced((kernel, bias, fold)):
+    return _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack)
   dtype = jnp.asarray(kernel).dtype
   s, t = (None, None) if fold is None else fold
   out = _stacked(lambda i, k, b, s_, t_: _convert_one(
@@ -157,6 +173,32 @@ def convert_layer(method, layer, kernel, bias, inputs, path=(), fold=None,
   stored, mean = out
   return ({k: jnp.asarray(v, dtype=jnp.asarray(v).dtype) for k, v in stored.items()},
           None if mean is None else jnp.asarray(mean))
+
+
+def _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack):
+  """`convert_layer` of traced weights: its eager float64 self, run by `jax.pure_callback`."""
+  kind = kinds.of(layer)
+  dtype = jnp.result_type(kernel)
+  use_bias = kind.has_bias(layer) or fold is not None
+  specs = method.params(layout.method_shape, methods.Layer(use_bias=use_bias), lambda: None)
+  stored = {k: jax.ShapeDtypeStruct(stack + tuple(p.shape), methods.base.stored_dtype(p, dtype))
+            for k, p in specs.items()}
+  mean = None
+  if method.imn is not None:
+    shape = jnp.shape(inputs)
+    try:
+      axes = kind.imn_axes(layer, len(shape))
+    except ValueError as e:
+      raise ValueError(f'layer {_name(path)}: {method.name!r} has IMN, but {e}') from None
+    mean = jax.ShapeDtypeStruct(stack + (math.prod(shape[a] for a in axes),),
+                                jnp.promote_types(jnp.result_type(inputs), jnp.float32))
+
+  def host(kernel, bias, inputs, fold):
+    out, m = convert_layer(method, layer, kernel, bias, inputs, path, fold, stack)
+    return ({k: np.asarray(v, stored[k].dtype) for k, v in out.items()},
+            None if m is None else np.asarray(m, mean.dtype))
+
+  return jax.pure_callback(host, (stored, mean), kernel, bias, inputs, fold)
 
 
 def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype):

@@ -558,3 +558,63 @@ def test_bake_errors_name_the_layer_path():
   model.blocks[0].dense = gnnx.Reparam(dense, 'gmp', params={**stored, 'lam': jnp.ones(3)})
   with pytest.raises(ValueError, match='layer blocks/0/dense: the plain layer has use_bias=False'):
     gnnx.bake(model)
+
+
+# ----------------------------------------------------------------------------- under tracing
+
+class _BNMLP(nnx.Module):
+  def __init__(self, rngs, sharded=True):
+    init = nnx.initializers.lecun_normal()
+    init = nnx.with_partitioning(init, (None, 'model')) if sharded else init
+    self.hidden = nnx.Linear(3, 8, kernel_init=init, rngs=rngs)
+    self.bn = nnx.BatchNorm(8, rngs=rngs)
+    self.head = nnx.Linear(8, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.head(nnx.relu(self.bn(self.hidden(x))))
+
+
+def test_reparameterize_under_eval_shape_gives_the_abstract_model_with_shardings():
+  with jax.set_mesh(jax.make_mesh((1,), ('model',))):
+    abstract = nnx.eval_shape(lambda: gnnx.reparameterize(_BNMLP(nnx.Rngs(0)), 'gmp_imn',
+                                                          exclude=['head']))
+    real = gnnx.reparameterize(_BNMLP(nnx.Rngs(0)), 'gmp_imn', exclude=['head'])
+  assert isinstance(abstract.hidden, gnnx.Reparam)
+  assert isinstance(abstract.hidden.theta.get_value(), jax.ShapeDtypeStruct)
+  assert tuple(abstract.hidden.theta.get_metadata()['out_sharding']) == (None, 'model')
+  shapes = lambda m: jax.tree.map(lambda a: (jnp.shape(a), jnp.result_type(a)), nnx.state(m))
+  assert shapes(abstract) == shapes(real)  # a restore target for the real model's checkpoint
+
+
+def test_reparameterize_under_nnx_jit_equals_the_eager_float64_conversion():
+  x = jax.random.normal(jax.random.key(1), (6, 3)) + 1.0
+  eager, traced = _BNMLP(nnx.Rngs(0), False), _BNMLP(nnx.Rngs(0), False)
+  for m in (eager, traced):  # BatchNorm statistics that move the function
+    m.bn.mean[...] = jnp.linspace(-1.0, 1.0, 8)
+    m.bn.var[...] = jnp.linspace(0.5, 2.0, 8)
+    m.eval()
+  before = eager(x)
+  gnnx.reparameterize(eager, 'gmp_imn', x, exclude=['head'], drop_batchnorm=True)
+
+  @nnx.jit
+  def convert(model, x):
+    return gnnx.reparameterize(model, 'gmp_imn', x, exclude=['head'], drop_batchnorm=True)
+
+  traced = convert(traced, x)
+  assert isinstance(traced.hidden, gnnx.Reparam) and isinstance(traced.bn, gnnx.DroppedBatchNorm)
+  for name in ('theta', 'lam', 'scale'):  # the BatchNorm fold in float32 under jit, the rest f64
+    np.testing.assert_allclose(getattr(traced.hidden, name)[...],
+                               getattr(eager.hidden, name)[...], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(traced(x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_reparam_without_rngs_refuses_a_method_that_draws_at_random():
+  layer = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"'gmp' draws its initial variables at random.*rngs="):
+    gnnx.Reparam(layer, 'gmp')
+  a = gnnx.Reparam(layer, 'gmp', rngs=nnx.Rngs(1))
+  b = gnnx.Reparam(nnx.Linear(3, 4, rngs=nnx.Rngs(2)), 'gmp', rngs=nnx.Rngs(2))
+  assert not np.allclose(a.theta[...], b.theta[...])
+  gnnx.Reparam(layer, 'lcw')  # from the layer's weights: no key needed
+  with pytest.raises(TypeError, match='geoparam.nnx.bake takes an nnx.Module.*geoparam.bake'):
+    gnnx.bake(nn.Dense(3))

@@ -237,23 +237,36 @@ class _Reparameterized(nnx.Module):
       except ValueError as e:
         raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
     dtype = getattr(layer, 'param_dtype', None) or getattr(layer, kind.kernel).dtype
-    keys = rngs.params if rngs is not None else _Keys()
-    joint = []
 
-    def new_key():
-      if not joint:
-        joint.append(keys())
-      return joint[0]
+    def draw(keys):  # the method's initial variables, `{name: (value, sharding names)}`
+      joint = []
 
-    specs = method.params(kernel_shape, layer_init, new_key)
+      def new_key():
+        if not joint:
+          joint.append(keys())
+        return joint[0]
+
+      specs = method.params(kernel_shape, layer_init, new_key)
+      return specs, {n: _unbox(p.init(keys(), p.shape, methods.base.stored_dtype(p, dtype)))
+                     for n, p in specs.items()}
+
+    if params is not None:
+      specs = method.params(kernel_shape, layer_init, lambda: None)
+      drawn = {n: (jnp.asarray(params[n]), None) for n in specs}
+    else:
+      specs, drawn = draw(rngs.params if rngs is not None else _Keys(0))
+      if rngs is None and not any(isinstance(v, jax.core.Tracer) for v, _ in drawn.values()):
+        other = draw(_Keys(1))[1]  # a random draw would repeat in every layer of this shape
+        if any(not np.array_equal(drawn[n][0], other[n][0]) for n in drawn):
+          raise ValueError(
+              f'{name}: method {method.name!r} draws its initial variables at random; pass '
+              "rngs=nnx.Rngs(...) (or start from the layer's weights, e.g. GmP's "
+              "initialization='layer').")
     for pname, spec in specs.items():
       if pname in _RESERVED or pname.startswith('_'):
         raise ValueError(f'{name}: method {method.name!r} stores a variable named {pname!r}, '
                          f'which the NNX module uses itself; rename it.')
-      if params is not None:
-        value, names = jnp.asarray(params[pname]), None
-      else:
-        value, names = _unbox(spec.init(keys(), spec.shape, methods.base.stored_dtype(spec, dtype)))
+      value, names = drawn[pname]
       if tuple(jnp.shape(value)) != tuple(spec.shape):
         raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
                          f'{jnp.shape(value)}.')
@@ -357,12 +370,12 @@ def _eager(module, signature, params, mean, inputs, mode, out_sharding=None):
 class _Keys:
   """Keys for initializers when no `rngs` is given (deterministic: initializations from weights)."""
 
-  def __init__(self):
-    self.count = 0
+  def __init__(self, seed):
+    self.seed, self.count = seed, 0
 
   def __call__(self):
     self.count += 1
-    return jax.random.fold_in(jax.random.key(0), self.count)
+    return jax.random.fold_in(jax.random.key(self.seed), self.count)
 
 
 # ----------------------------------------------------------------------------- wrappers

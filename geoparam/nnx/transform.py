@@ -269,6 +269,11 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
   scale `sqrt(1 + epsilon)`), carrying the bias of a bias-less layer before it.
   Returns `model`.
   """
+  if not isinstance(model, nnx.Module):
+    hint = ('for a linen model use geoparam.bake(rp, variables, *inputs)' if hasattr(model, 'scope')
+            else 'pass the NNX module that geoparam.nnx.reparameterize returned')
+    raise TypeError(f'geoparam.nnx.bake takes an nnx.Module, got a {type(model).__name__}: '
+                    f'{hint}.')
   nodes = list(nnx.iter_graph(model))
   plain, biases = {}, {}
   for path, node in nodes:
