@@ -1,6 +1,7 @@
 """`python -m experiments.main` refuses bad settings before any work: one line on stderr, exit 2,
 no traceback or usage text, and no workdir created; every config field has a validation rule."""
 
+import atexit
 import glob
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 
 from experiments import main as main_lib
 from experiments.configs import validate
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVY = '--config=experiments/configs/levy_1d.py:smoke'
@@ -85,9 +87,16 @@ BAD_SETTINGS = [
 ]
 
 
-def run_main(args, timeout=120):
-  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout)
+_RUNNER = []
+
+
+def run_main(args):
+  """`python -m experiments.main *args` from the repository root, in a child forked from one
+  helper interpreter (`tests/cli_fork.py`: no Python start and JAX import per command line)."""
+  if not _RUNNER:
+    _RUNNER.append(cli_fork.Runner())
+    atexit.register(_RUNNER[0].close)
+  return _RUNNER[0].run(args)
 
 
 def assert_refused(proc, says):
