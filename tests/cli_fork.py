@@ -8,11 +8,13 @@ files and calls `experiments.main.cli()`, the function `python -m experiments.ma
 exit status is the child's. The absl flags are parsed only in the children, so each starts as a
 fresh interpreter would. Nothing in the helper initializes a JAX backend (no threads are forked).
 
-  python tests/cli_fork.py   # the helper: one JSON line in (args, cwd), one JSON line out
+  python tests/cli_fork.py TMPDIR   # the helper: one JSON line in (args, cwd), one line out
 """
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,9 @@ class Runner:
   def __init__(self):
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
         [ROOT] + ([os.environ['PYTHONPATH']] if os.environ.get('PYTHONPATH') else []))}
-    self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env,
+    self.tmp = tempfile.mkdtemp(prefix='geoparam_cli_fork_')  # the children's stdout, stderr
+    self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.tmp], cwd=ROOT,
+                                 env=env,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True)
 
@@ -42,8 +46,24 @@ class Runner:
                                        out['returncode'], out['stdout'], out['stderr'])
 
   def close(self):
+    """Stops the helper at once (it holds nothing; its interpreter's exit would take seconds)."""
+    self.proc.kill()
+    self.proc.wait()
     self.proc.stdin.close()
-    self.proc.wait(timeout=60)
+    self.proc.stdout.close()
+    shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_RUNNER = []
+
+
+def run_main(args, cwd=ROOT):
+  """`python -m experiments.main *args` run from `cwd` by this process's one helper (started on
+  first use, shared by the test modules of a worker)."""
+  if not _RUNNER:
+    _RUNNER.append(Runner())
+    atexit.register(_RUNNER[0].close)
+  return _RUNNER[0].run(args, cwd)
 
 
 def _child(args, cwd, out_path, err_path):
@@ -77,28 +97,27 @@ def _child(args, cwd, out_path, err_path):
     os._exit(code)  # pylint: disable=protected-access
 
 
-def _serve():
+def _serve(tmp):
   from experiments import main  # pylint: disable=g-import-not-at-top
   for name in main.config_names():  # import every study (and its imports) once, here
     for arg in ('', ':smoke'):
       main.study_module(main._load_config(os.path.join(main.CONFIG_DIR, name + '.py' + arg)))  # pylint: disable=protected-access
-  with tempfile.TemporaryDirectory() as tmp:
-    out_path, err_path = os.path.join(tmp, 'out'), os.path.join(tmp, 'err')
-    for line in sys.stdin:
-      request = json.loads(line)
-      sys.stdout.flush()
-      sys.stderr.flush()
-      pid = os.fork()
-      if pid == 0:
-        _child(request['args'], request['cwd'], out_path, err_path)
-      _, status = os.waitpid(pid, 0)
-      with open(out_path) as f, open(err_path) as g:
-        result = {'returncode': os.waitstatus_to_exitcode(status), 'stdout': f.read(),
-                  'stderr': g.read()}
-      sys.stdout.write(json.dumps(result) + '\n')
-      sys.stdout.flush()
+  out_path, err_path = os.path.join(tmp, 'out'), os.path.join(tmp, 'err')
+  for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+      _child(request['args'], request['cwd'], out_path, err_path)
+    _, status = os.waitpid(pid, 0)
+    with open(out_path) as f, open(err_path) as g:
+      result = {'returncode': os.waitstatus_to_exitcode(status), 'stdout': f.read(),
+                'stderr': g.read()}
+    sys.stdout.write(json.dumps(result) + '\n')
+    sys.stdout.flush()
 
 
 if __name__ == '__main__':
   sys.path.insert(0, ROOT)
-  _serve()
+  _serve(sys.argv[1])

@@ -1,7 +1,6 @@
 """`python -m experiments.main` refuses bad settings before any work: one line on stderr, exit 2,
 no traceback or usage text, and no workdir created; every config field has a validation rule."""
 
-import atexit
 import glob
 import json
 import os
@@ -87,16 +86,10 @@ BAD_SETTINGS = [
 ]
 
 
-_RUNNER = []
-
-
 def run_main(args):
   """`python -m experiments.main *args` from the repository root, in a child forked from one
   helper interpreter (`tests/cli_fork.py`: no Python start and JAX import per command line)."""
-  if not _RUNNER:
-    _RUNNER.append(cli_fork.Runner())
-    atexit.register(_RUNNER[0].close)
-  return _RUNNER[0].run(args)
+  return cli_fork.run_main(args)
 
 
 def assert_refused(proc, says):
