@@ -2,9 +2,6 @@
 tiny fake CIFAR archive, its model and init, and the settings it refuses."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +14,6 @@ from experiments.lib import models
 from experiments.configs import validate
 from tests import cli_fork
 from tests import fixtures
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')

@@ -6,8 +6,6 @@ import doctest
 import importlib
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 

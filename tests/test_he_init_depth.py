@@ -2,9 +2,6 @@
 generated data, the signal at init, and the settings it refuses."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -14,8 +11,6 @@ from experiments.studies import he_init_depth as hid
 from experiments import main
 from experiments.configs import validate
 from tests import cli_fork
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_config_runs_through_main(tmp_path, capsys):

@@ -4,8 +4,6 @@ through `experiments.main` and its refusals. Tiny grids and few epochs throughou
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
