@@ -14,6 +14,7 @@ from experiments.studies import banana_2d
 from experiments import main
 from experiments.lib import models
 from geoparam import analysis
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
@@ -135,10 +136,9 @@ def test_cli_run_and_refused_settings(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert '| sp* |' in proc.stdout and 'paper claim' in proc.stdout
   assert json.loads((workdir / 'results.json').read_text())['epochs_run']['sp'] == [2]
-  bad = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/banana_2d.py',
-       f'--config.data_dir={tmp_path}',
-       f'--workdir={tmp_path / "new"}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  bad = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/banana_2d.py', f'--config.data_dir={tmp_path}',
+       f'--workdir={tmp_path / "new"}'])
   assert bad.returncode == 2 and bad.stderr.count('\n') == 1, bad.stderr
   assert 'banana.csv not found' in bad.stderr and not (tmp_path / 'new').exists()
   with pytest.raises(ValueError, match='must leave at least batch_size=128 training points'):

@@ -12,6 +12,7 @@ import pytest
 
 from experiments import main as main_lib
 from experiments.configs import validate
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVY = '--config=experiments/configs/levy_1d.py:smoke'
@@ -85,9 +86,10 @@ BAD_SETTINGS = [
 ]
 
 
-def run_main(args, timeout=120):
-  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout)
+def run_main(args):
+  """`python -m experiments.main *args` from the repository root, in a child forked from one
+  helper interpreter (`tests/cli_fork.py`: no Python start and JAX import per command line)."""
+  return cli_fork.run_main(args)
 
 
 def assert_refused(proc, says):

@@ -2,9 +2,6 @@
 tiny fake CIFAR archive, its model and init, and the settings it refuses."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +12,8 @@ from experiments.studies import deep_sigmoid_mlp as dsm
 from experiments import main
 from experiments.lib import models
 from experiments.configs import validate
+from tests import cli_fork
 from tests import fixtures
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
@@ -126,11 +122,9 @@ def test_bad_settings_are_refused_before_any_work(fake_data_dir, tmp_path, monke
 
 def test_the_cli_refuses_an_old_method_name_with_one_line(tmp_path):
   """`python -m experiments.studies.deep_sigmoid_mlp` is experiments.main with this study's config."""
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/deep_sigmoid_mlp.py',
-       f'--workdir={tmp_path / "w"}',
-       '--config.methods=plain,lcw'],
-      check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/deep_sigmoid_mlp.py', f'--workdir={tmp_path / "w"}',
+       '--config.methods=plain,lcw'])
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().count('\n') == 0 and 'plain' in proc.stderr, proc.stderr
   assert 'names among sp, lcw' in proc.stderr and proc.stdout == ''

@@ -6,13 +6,12 @@ import doctest
 import importlib
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from experiments.studies import banana_2d
 from experiments.data import download, uci_data
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR', os.path.join(ROOT, '..', 'shared', 'data'))
@@ -168,11 +167,9 @@ def test_a_ragged_data_file_is_refused_before_the_workdir(tmp_path, config, file
   path.parent.mkdir(parents=True)
   path.write_text(text)
   workdir = tmp_path / 'w'
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', f'--config=experiments/configs/{config}',
-       f'--config.data_dir={tmp_path / "data"}', f'--workdir={workdir}'],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      [f'--config=experiments/configs/{config}', f'--config.data_dir={tmp_path / "data"}',
+       f'--workdir={workdir}'])
   assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert proc.stderr.count('\n') == 1, proc.stderr
   assert says.format(path=path, data=tmp_path / 'data') in proc.stderr, proc.stderr[-2000:]

@@ -2,9 +2,6 @@
 generated data, the signal at init, and the settings it refuses."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -13,8 +10,7 @@ import pytest
 from experiments.studies import he_init_depth as hid
 from experiments import main
 from experiments.configs import validate
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import cli_fork
 
 
 def test_smoke_config_runs_through_main(tmp_path, capsys):
@@ -93,10 +89,9 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, monkeypatch):
 
 
 def test_a_bad_setting_exits_2_with_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/he_init_depth.py',
-       f'--workdir={tmp_path / "w"}', '--config.inits=glorot,lecun'],
-      check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/he_init_depth.py', f'--workdir={tmp_path / "w"}',
+       '--config.inits=glorot,lecun'])
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().count('\n') == 0, proc.stderr
   assert 'names among glorot, he' in proc.stderr and proc.stdout == ''

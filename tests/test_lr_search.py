@@ -18,6 +18,7 @@ from experiments.configs import validate
 from experiments.data import uci_data
 from experiments.lib import lr_search
 from experiments.studies import uci_regression as ur
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get(uci_data.ENV_VAR) or os.path.join(ROOT, '..', 'shared', 'data')
@@ -164,10 +165,9 @@ def test_bad_cv_settings_are_refused_before_any_work(tmp_path, study, fields, ma
 
 
 def test_cv_fields_with_fixed_selection_exit_2_with_nothing_created(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/levy_1d.py:smoke',
-       f'--workdir={tmp_path / "w"}', '--config.lr_grid=0.01,0.1'],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/levy_1d.py:smoke', f'--workdir={tmp_path / "w"}',
+       '--config.lr_grid=0.01,0.1'])
   assert proc.returncode == 2 and proc.stderr.count('\n') == 1, proc.stderr
   assert ('--config.lr_grid=(0.01, 0.1): applies only with --config.lr_selection=cv'
           in proc.stderr)

@@ -13,6 +13,7 @@ from experiments.studies import activation_boundaries
 from experiments import main
 from experiments.studies import perturbation_2d
 from experiments.configs import validate
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,10 +92,9 @@ def test_cli(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'paper claim' in proc.stdout
   assert (tmp_path / 'results.json').exists() and not (tmp_path / 'perturbation.png').exists()
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/perturbation_2d.py',
-       f'--workdir={tmp_path / "bad"}',
-       '--config.eps=(-1.0,)'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/perturbation_2d.py', f'--workdir={tmp_path / "bad"}',
+       '--config.eps=(-1.0,)'])
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].endswith('must be a tuple of finite numbers > 0, '
                                                        'e.g. "(1e-3,1e-1)".'), proc.stderr

@@ -4,8 +4,6 @@ through `experiments.main` and its refusals. Tiny grids and few epochs throughou
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +16,7 @@ from experiments.configs import validate
 from experiments.lib import models
 from experiments.studies import banana_2d
 from experiments.studies import robustness as rob
+from tests import cli_fork
 from tests import fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,11 +235,9 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, fields, says):
 
 
 def test_the_command_line_exits_2_with_one_line_and_creates_nothing(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main',
-       '--config=experiments/configs/robustness.py:smoke', f'--workdir={tmp_path / "w"}',
-       '--config.datasets=levy,cifar10', '--config.cifar_widths=(4096,)'], cwd=ROOT,
-      capture_output=True, text=True, timeout=120)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/robustness.py:smoke', f'--workdir={tmp_path / "w"}',
+       '--config.datasets=levy,cifar10', '--config.cifar_widths=(4096,)'])
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().count('\n') == 0 and 'GiB' in proc.stderr, proc.stderr
   assert not (tmp_path / 'w').exists()
