@@ -24,9 +24,9 @@
 q/k/v/out projections) replaced by the method's wrapper (`geoparam.wrappers`),
 its variables created at the layer's own path, so the variable tree keeps the
 model's names; `drop_batchnorm=True` makes the model's `nn.BatchNorm` layers the
-identity (the paper's ResNet-50 with GmP+IMN). A selected `nn.Einsum`,
-`nn.ConvLocal` or `nn.ConvTranspose` is an error naming it (exclude it to keep
-it plain).
+identity (the paper's ResNet-50 with GmP+IMN). Every layer kind of
+`geoparam.kinds` is a candidate (`nn.Einsum` and `nn.ConvTranspose` included); a
+selected `nn.ConvLocal` is an error naming it (exclude it to keep it plain).
 `to_reparameterized` converts a trained plain model's variables (BatchNorm
 folded into the layer before it when dropped) and `bake` converts back.
 
@@ -281,7 +281,7 @@ def selected(rp: Reparameterized, layer: nn.Module, path: tuple[str, ...]) -> bo
 def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Where | None = None,
                    exclude: Iterable[str] = (), drop_batchnorm: bool = False,
                    use_running_average: bool | None = None, **options) -> Reparameterized:
-  """`model` with its Dense/Conv/DenseGeneral layers in `method` (`'gmp'`, `'gmp_imn'`, ...).
+  """`model` with its kernel layers (`geoparam.kinds`) in `method` (`'gmp'`, `'gmp_imn'`, ...).
 
   Args:
     model: any linen module; its source is not edited.
@@ -327,7 +327,7 @@ class _Call:
 def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
   """Runs the plain model once; returns `(layers, norms)`: selected calls by path, first call each.
 
-  `layers` are the selected Dense/Conv/DenseGeneral calls, `norms` every BatchNorm
+  `layers` are the selected calls of a layer kind (`geoparam.kinds`), `norms` every BatchNorm
   call (path -> _Call). With `abstract`, only shapes are traced (`jax.eval_shape`).
   """
   layers, norms, seen = {}, {}, []

@@ -1,13 +1,14 @@
 """One linen wrapper over any method: `Reparam(layer, method)`, and `GmP`, `LCW`, `CWN`, `WN`.
 
 A wrapper stores its method's variables (`geoparam.methods`) and hands the
-wrapped layer (`nn.Dense`, `nn.Conv`, `nn.DenseGeneral`) the `kernel` and `bias`
-they stand for; the layer then runs unchanged, so padding, groups, dtypes and
-precision are Flax's by construction. A method's units are the layer's outputs
-and their fan-in every other kernel axis: a DenseGeneral with several output
-axes (`features=(heads, head_dim)`, attention's q/k/v) is seen as the kernel
-`(*contracted, heads * head_dim)` (`method_shape`), its kernel and bias put back
-in the layer's shape before it runs (`methods.run.layer_layout`).
+wrapped layer (any layer kind of `geoparam.kinds`: `nn.Dense`, `nn.Conv`,
+`nn.DenseGeneral`, `nn.Einsum`, `nn.ConvTranspose`, or one you register) the
+`kernel` and `bias` they stand for; the layer then runs unchanged, so padding,
+groups, dtypes and precision are Flax's by construction. A method's units are
+the layer's outputs and their fan-in every other kernel axis: a DenseGeneral
+with several output axes (`features=(heads, head_dim)`, attention's q/k/v) is
+seen as the kernel `(*contracted, heads * head_dim)` (`kinds.Layout`), its
+kernel and bias put back in the layer's layout before it runs.
 
 =======  ==========================================  ====================================
 method   stored (collection `params`)                the layer sees
@@ -406,7 +407,7 @@ class Reparam(_Wrapper):
 
 
 class GmP(_Wrapper):
-  """Geometric parameterization of any Dense/Conv/DenseGeneral layer (see module docstring).
+  """Geometric parameterization of any layer kind (`geoparam.kinds`) (see module docstring).
 
   The layer sees `kernel = scale * u(theta)` and `bias = scale * lam`; follow it
   with the activation as usual. Exact for any activation as a map of
@@ -450,7 +451,7 @@ class GmP(_Wrapper):
 
 
 class LCW(_Wrapper):
-  """Linearly constrained weights of any Dense/Conv/DenseGeneral layer: kernel `B_m v`.
+  """Linearly constrained weights of any layer kind (`geoparam.kinds`): kernel `B_m v`.
 
   `v` starts as the coordinates of the layer's own `kernel_init` draw (its
   zero-sum part); the bias is the layer's.
@@ -473,7 +474,7 @@ class LCW(_Wrapper):
 
 
 class CWN(_Wrapper):
-  """Centred weight normalization of any Dense/Conv/DenseGeneral layer.
+  """Centred weight normalization of any layer kind (`geoparam.kinds`).
 
   Example usage::
 
@@ -497,7 +498,7 @@ class CWN(_Wrapper):
 
 
 class WN(_Wrapper):
-  """Weight normalization of any Dense/Conv/DenseGeneral layer, variables at the layer's path.
+  """Weight normalization of any layer kind (`geoparam.kinds`), variables at the layer's path.
 
   Same formula as `nn.WeightNorm` (`scale * k / |k|` per output unit), but the
   gain is stored as `scale (features,)` beside `kernel`, so conversion is a rename.

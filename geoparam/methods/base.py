@@ -5,9 +5,9 @@ A method sees a kernel with the output units on its last axis and the fan-in on
 all others (`nn.Dense`'s `(fan_in, F)`, `nn.Conv`'s `(*window, in // groups, F)`,
 `nn.DenseGeneral`'s `(*contracted, F)`; one with several output axes, e.g. an
 attention projection's `(*contracted, heads, head_dim)`, is seen with them
-flattened, `(*contracted, heads * head_dim)`: `geoparam.methods.run.method_shape`).
+flattened, `(*contracted, heads * head_dim)`: `geoparam.kinds.Layout`).
 A method stores its own variables and stands for the kernel and bias they build;
-the layer then runs unchanged (in its own layout: `run.layer_layout`).
+the layer then runs unchanged (in its own layout).
 
     >>> import jax, jax.numpy as jnp, numpy as np
     >>> from geoparam import methods

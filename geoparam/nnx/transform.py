@@ -145,14 +145,16 @@ def _paths_by_id(node, path=(), out=None, stack=()):
 def reparameterize(model: nnx.Module, method: str | methods.Method, *example_args, where: Where | None = None,
                    exclude: Iterable[str] = (), drop_batchnorm: bool = False,
                    use_running_average: bool | None = None, **options):
-  """Replaces `model`'s Linear/Conv/LinearGeneral layers by `method`'s wrapper, in place, exactly.
+  """Replaces `model`'s kernel layers (`geoparam.kinds`) by `method`'s wrapper, in place, exactly.
 
   Each selected layer becomes `geoparam.nnx.Reparam(layer, method)` holding that
   layer's current weights converted exactly, so the model's evaluation outputs
   do not change (float rounding aside). LinearGeneral layers with several output
   axes (`nnx.MultiHeadAttention`'s q/k/v/out) are converted like the others (a
-  unit is one output). A selected `nnx.Einsum` or `nnx.ConvTranspose` raises, naming it,
-  before any change.
+  unit is one output). `nnx.Einsum` (Gemma's projections) and `nnx.ConvTranspose`
+  layers convert too; IMN where it has no exact form raises, naming the layer, before any
+  change. Under `nnx.eval_shape` it gives the abstract model (a checkpoint's restore
+  target), under `nnx.jit` the same conversion (`geoparam.exact.convert_layer`).
 
   Args:
     model: any NNX module (changed in place and returned).
