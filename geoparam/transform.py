@@ -411,13 +411,23 @@ def _pop(tree, path):
 
 
 def _put(tree, path, value):
+  if not path:  # the model is the layer itself
+    tree.clear()
+    tree.update(value)
+    return
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
 
 
 def _unfrozen(variables):
-  return jax.tree.map(lambda x: x, flax.core.unfreeze(meta.unbox(variables)))
+  """A mutable copy of `variables`, partitioning boxes (`nn.Partitioned`) kept."""
+  return jax.tree.map(lambda x: x, flax.core.unfreeze(variables))
+
+
+def _like(abstract, value):
+  """`value` in the partitioning box of `abstract` (the plain model's init's), if it has one."""
+  return abstract.replace_boxed(value) if isinstance(abstract, meta.AxisMetadata) else value
 
 
 def _name(path):
@@ -441,8 +451,10 @@ def _lookup(variables, collection: str, path):
 
 def _bn_affine(bn: nn.BatchNorm, variables, path):
   """`bn_affine` of a linen BatchNorm at `path` of `variables`."""
-  stats = _get(variables['batch_stats'], path)
-  params = _get(variables.get('params', {}), path) if bn.use_scale or bn.use_bias else {}
+  stats = meta.unbox(_get(variables['batch_stats'], path))
+  params = {}
+  if bn.use_scale or bn.use_bias:
+    params = meta.unbox(_get(variables.get('params', {}), path))
   return exact.bn_affine(stats['mean'], stats['var'], bn.epsilon,
                    params['scale'] if bn.use_scale else None,
                    params['bias'] if bn.use_bias else None)
@@ -483,10 +495,14 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
     kernel = meta.unbox(sp[kind.kernel])
     bias = meta.unbox(sp[kind.bias]) if kind.bias in sp else None
     layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
+    stack = exact.stack_of(jnp.shape(kernel), layout, path)
     stored, mean = exact.convert_layer(method, call.layer, kernel, bias, call.inputs, path,
-                                       folds.get(path), exact.stack_of(jnp.shape(kernel), layout,
-                                                                       path))
-    _put(new['params'], path, stored)
+                                       folds.get(path), stack)
+    box, n = sp[kind.kernel], len(stack)
+    box = None if not isinstance(box, nn.Partitioned) else dataclasses.replace(
+        box, names=box.names[:n] + layout.names(box.names[n:]))  # as the wrappers make them
+    _put(new['params'], path, {k: wrappers.box_like(v, stack + layout.method_shape, box, n)
+                               for k, v in stored.items()})
     if mean is not None:
       _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
   return new
@@ -503,9 +519,13 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   """
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
-  shapes = jax.eval_shape(lambda: meta.unbox(rp.module.init(jax.random.key(0), *args, **kwargs)))
+  boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))
+  shapes = meta.unbox(boxes)
   dropped = _dropped(rp, layers, norms)
   new = _unfrozen(variables)
+  # what bake writes gets the plain model's partitioning boxes where the variables hold boxes
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  like = boxes if any(map(is_box, jax.tree.leaves(variables, is_leaf=is_box))) else shapes
   biases = {}  # layers without a bias of their own: their bias goes to the dropped BatchNorm
   given = ("pass the variables to_reparameterized or training returned, with their params and "
            f"batch_stats (these have {_collections(variables)})")
@@ -536,9 +556,10 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     kernel, bias = exact.plain_layer(method, layer, meta.unbox(dict(stored)), layout, mean, path,
                                      approximate_borders, stack)
     dtype = plain_kernel.dtype
-    plain = {kind.kernel: jnp.asarray(kernel, dtype)}
+    own = _get(like['params'], path)
+    plain = {kind.kernel: _like(own[kind.kernel], jnp.asarray(kernel, dtype))}
     if kind.has_bias(layer):
-      plain[kind.bias] = jnp.asarray(bias, dtype)
+      plain[kind.bias] = _like(own[kind.bias], jnp.asarray(bias, dtype))
     else:
       biases[path] = bias
     _put(new['params'], path, plain)
@@ -554,7 +575,8 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     if bn.use_bias:  # takes the bias of a layer that has none
       affine['bias'] = jnp.asarray(biases.pop(layer_path, np.zeros(features)), dtype)
     if affine:
-      _put(new['params'], bn_path, affine)
+      own = _get(like['params'], bn_path)
+      _put(new['params'], bn_path, {k: _like(own[k], v) for k, v in affine.items()})
   if not new.get('batch_stats', True) and 'batch_stats' not in shapes:
     del new['batch_stats']  # IMN's running means were all there was
   for layer_path, bias in biases.items():

@@ -11,9 +11,12 @@ import subprocess
 import sys
 import tarfile
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import geoparam
 from geoparam import methods
@@ -110,6 +113,72 @@ def test_angle_between_a_zero_vector_raises_eagerly_and_is_nan_traced():
     angle(np.ones(2), np.zeros(2))
   assert np.isnan(jax.jit(angle)(np.zeros(3), np.ones(3)))
   assert np.all(np.isnan(jax.vmap(angle)(np.zeros((2, 3)), np.ones((2, 3)))))
+
+
+# ----------------------------------------------------------------------------- the linen transform
+
+def _spec(names):
+  return nn.with_partitioning(nn.initializers.lecun_normal(), names)
+
+
+class _Block(nn.Module):
+
+  @nn.compact
+  def __call__(self, h, _):
+    return nn.Dense(8, kernel_init=_spec(('mlp', 'embed')), name='dense')(h), None
+
+
+class _Sharded(nn.Module):
+  """Dense -> BatchNorm (dropped) -> LayerNorm (never touched) -> scanned Dense -> DenseGeneral,
+  every param partitioned."""
+
+  @nn.compact
+  def __call__(self, x):
+    ones, zeros = nn.initializers.ones, nn.initializers.zeros
+    x = nn.Dense(8, kernel_init=_spec(('embed', 'mlp')),
+                 bias_init=nn.with_partitioning(zeros, ('mlp',)), name='up')(x)
+    x = nn.BatchNorm(True, scale_init=nn.with_partitioning(ones, ('mlp',)),
+                     bias_init=nn.with_partitioning(zeros, ('mlp',)), name='bn')(x)
+    x = nn.LayerNorm(scale_init=nn.with_partitioning(ones, ('mlp',)), name='norm')(x)
+    x, _ = nn.scan(_Block, variable_axes={'params': 0}, split_rngs={'params': True}, length=2,
+                   metadata_params={nn.PARTITION_NAME: 'layers'})(name='blocks')(x, None)
+    return nn.DenseGeneral((2, 4), kernel_init=_spec(('embed', 'heads', 'kv')), name='qkv')(x)
+
+
+def test_partitioning_survives_to_reparameterized_and_bake():
+  """Both stripped every nn.Partitioned box (the LayerNorm's too): get_partition_spec gave P()."""
+  model, x = _Sharded(), jnp.ones((4, 3))
+  sp = model.init(jax.random.key(0), x)
+  rp = geoparam.reparameterize(model, 'gmp', drop_batchnorm=True)
+  new = geoparam.to_reparameterized(rp, sp, x)
+  # the converted layers carry the specs the wrappers give them at init (the kernel's, relabelled)
+  specs = nn.get_partition_spec(new)['params']
+  assert specs == nn.get_partition_spec(rp.init(jax.random.key(0), x))['params']
+  assert specs['norm'] == {'scale': P('mlp'), 'bias': P()}
+  assert specs['up'] == {'theta': P(None, 'mlp'), 'lam': P('mlp'), 'scale': P('mlp')}
+  assert specs['blocks']['dense']['theta'] == P('layers', None, 'embed')  # the scan's axis kept
+  assert specs['qkv']['theta'] == P(None, 'heads')
+  baked = geoparam.bake(rp, new, x)
+  assert nn.get_partition_spec(baked) == nn.get_partition_spec(sp)
+  np.testing.assert_allclose(model.apply(baked, x), model.apply(sp, x), atol=1e-5)
+
+
+def test_a_model_that_is_one_layer_converts_and_bakes():
+  """Was IndexError: tuple index out of range (its path is the root, ())."""
+  x = jax.random.normal(jax.random.key(1), (4, 3))
+  for method in ('gmp', 'gmp_imn', 'lcw'):
+    layer = nn.Dense(4)
+    sp = layer.init(jax.random.key(0), x)
+    if method == 'lcw':
+      sp = jax.tree.map(lambda a: a - a.mean(0) if a.ndim == 2 else a, sp)
+    rp = geoparam.reparameterize(layer, method)
+    new = geoparam.to_reparameterized(rp, sp, x)
+    assert jax.tree.structure(new) == jax.tree.structure(rp.init(jax.random.key(0), x))
+    np.testing.assert_allclose(rp.apply(new, x), layer.apply(sp, x), atol=1e-5)
+    baked = geoparam.bake(rp, new, x)
+    assert jax.tree.structure(baked) == jax.tree.structure(sp)
+    np.testing.assert_allclose(layer.apply(baked, x), layer.apply(sp, x), atol=1e-5)
+
 
 
 # ----------------------------------------------------------------------------- the CLI
