@@ -536,14 +536,23 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     plain_kernel = _get(shapes['params'], path)[kind.kernel]
     stack = exact.stack_of(plain_kernel.shape, layout, path)
     stored = _lookup(variables, 'params', path)
-    names = sorted(method.params(layout.method_shape, methods.Layer(
-        use_bias=kind.has_bias(layer)), lambda: None))
+    specs = method.params(layout.method_shape, methods.Layer(use_bias=kind.has_bias(layer)),
+                          lambda: None)
+    names = sorted(specs)
     if not isinstance(stored, Mapping) or not set(names) <= set(stored):
       held = sorted(stored) if isinstance(stored, Mapping) else None
       raise ValueError(
           f'bake: the variables lack params/{_name(path)} of layer {_name(path)} '
           f'({method.name}\'s {names}' + (f'; they hold {held}' if held else '') + '): '
           + (f"these are the plain model's; " if held and 'kernel' in held else '') + given + '.')
+    held = {n: jnp.shape(meta.unbox(stored[n])) for n in names}
+    need = {n: stack + tuple(specs[n].shape) for n in names}
+    if held != need:
+      raise ValueError(
+          f'bake: the example inputs give layer {_name(path)} inputs of shape '
+          f'{tuple(jnp.shape(call.inputs))}, for which {method.name!r} needs params {need}, but '
+          f'the variables hold {held}: pass example inputs of the shape the variables were made '
+          'for (only their shapes are used).')
     mean = None
     if method.imn is not None:
       mean = _lookup(variables, 'batch_stats', path + ('input_mean_norm', 'mean'))
@@ -581,7 +590,12 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     del new['batch_stats']  # IMN's running means were all there was
   for layer_path, bias in biases.items():
     if np.any(bias != 0):
-      raise ValueError(f'layer {_name(layer_path)} has use_bias=False in the plain model (and '
-                       'no dropped BatchNorm after it to carry a bias), but its reparameterized '
-                       'form has a nonzero bias: no plain weights match.')
+      why = ('its reparameterized form has a nonzero bias' if method.imn is None else
+             f"IMN's running mean of its input moved from 0 in training, and {method.name!r} "
+             'subtracts it (u^T (x - m) = u^T x - u^T m), which needs a bias')
+      raise ValueError(
+          f'bake: layer {_name(layer_path)} has use_bias=False in the plain model (and no '
+          f'dropped BatchNorm after it to carry a bias), but {why}: no plain weights match. '
+          'Leave such layers plain (exclude=[...] or a where= that skips bias-free layers), or '
+          'drop the BatchNorm after them (drop_batchnorm=True), which takes the bias.')
   return new

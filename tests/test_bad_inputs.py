@@ -181,6 +181,46 @@ def test_a_model_that_is_one_layer_converts_and_bakes():
 
 
 
+class _Conv(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Conv(8, (3, 3), name='conv')(x)
+
+
+def test_bake_with_an_example_of_another_shape_names_the_layer_and_both_shapes():
+  """Was "kernel_shape (3, 3, 5, 8) does not hold a (27, 8) kernel"."""
+  rp = geoparam.reparameterize(_Conv(), 'gmp')
+  variables = rp.init(jax.random.key(0), jnp.ones((2, 6, 6, 3)))
+  with pytest.raises(ValueError, match=r"bake: the example inputs give layer conv inputs of shape "
+                                       r"\(2, 6, 6, 5\), for which 'gmp' needs params .*'theta': "
+                                       r"\(44, 8\).* but the variables hold .*'theta': \(26, 8\)"):
+    geoparam.bake(rp, variables, jnp.ones((2, 6, 6, 5)))
+
+
+class _MLP(nn.Module):
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(8, use_bias=self.use_bias, name='hidden')(x))
+    return nn.Dense(2, name='head')(x)
+
+
+def test_bake_of_a_bias_free_layer_whose_imn_mean_moved_names_imn_and_the_way_out():
+  """Was "... its reparameterized form has a nonzero bias: no plain weights match"."""
+  model, x = _MLP(use_bias=False), jnp.ones((4, 3))
+  rp = geoparam.reparameterize(model, 'gmp_imn')
+  variables = rp.init(jax.random.key(0), x)
+  _, stats = rp.apply(variables, x + 3.0, mutable=['batch_stats'])
+  with pytest.raises(ValueError, match=r"bake: layer hidden has use_bias=False .* but IMN's "
+                                       r"running mean of its input moved .*'gmp_imn' subtracts "
+                                       r'it .*exclude=\[...\] or a where= .*drop_batchnorm=True'):
+    geoparam.bake(rp, {**variables, **stats}, x)
+  baked = geoparam.bake(rp, variables, x)  # the mean still 0: bakes exactly
+  np.testing.assert_allclose(model.apply(baked, x), rp.apply(variables, x), atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
