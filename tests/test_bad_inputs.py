@@ -207,6 +207,38 @@ class _MLP(nn.Module):
     return nn.Dense(2, name='head')(x)
 
 
+def test_imn_on_an_empty_batch():
+  """Training step and init: was ZeroDivisionError: integer modulo by zero (nn.BatchNorm gives
+  NaN; we refuse); evaluation gives the empty output, as the plain model does."""
+  rp = geoparam.reparameterize(_MLP(), 'gmp_imn')
+  x, empty = jnp.ones((4, 3)), jnp.ones((0, 3))
+  variables = rp.init(jax.random.key(0), x)
+  says = (r"Dense at 'hidden': 'gmp_imn' has IMN, which subtracts the batch mean of the inputs "
+          r'in training and init, but the inputs \(shape \(0, 3\)\) hold no example')
+  with pytest.raises(ValueError, match=says):
+    rp.apply(variables, empty, mutable=['batch_stats'])
+  with pytest.raises(ValueError, match=says):
+    rp.init(jax.random.key(0), empty)
+  with pytest.raises(ValueError, match=r"GmP\(Dense\): 'gmp_imn' has IMN, .* hold no example"):
+    geoparam.GmP(nn.Dense(2), input_mean_norm=True).init(jax.random.key(0), empty,
+                                                         use_running_average=False)
+  assert rp.apply(variables, empty).shape == (0, 2)
+
+
+def test_to_reparameterized_under_imn_with_an_empty_or_nan_example_batch():
+  """Empty: was numpy's "cannot reshape array of size 0"; NaN: was "bias entries [...] are not
+  finite", blaming the bias."""
+  model, x = _MLP(), jnp.ones((4, 3))
+  rp, sp = geoparam.reparameterize(model, 'gmp_imn'), model.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"layer hidden: 'gmp_imn' has IMN, whose running mean "
+                                       r".* but that input is empty \(shape \(0, 3\)\): pass "
+                                       'example inputs with at least one example'):
+    geoparam.to_reparameterized(rp, sp, jnp.ones((0, 3)))
+  with pytest.raises(ValueError, match=r'layer hidden: the mean of its input on the example batch '
+                                       r'is not finite \(entries \[1\] of 3\)'):
+    geoparam.to_reparameterized(rp, sp, x.at[0, 1].set(jnp.nan))
+
+
 def test_bake_of_a_bias_free_layer_whose_imn_mean_moved_names_imn_and_the_way_out():
   """Was "... its reparameterized form has a nonzero bias: no plain weights match"."""
   model, x = _MLP(use_bias=False), jnp.ones((4, 3))
