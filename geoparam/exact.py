@@ -228,7 +228,13 @@ def plain_layer(method, layer, stored, layout: kinds.Layout, mean, path=(),
 def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
   kind = kinds.of(layer)
   shape = layout.method_shape
-  kernel, bias = method.bake(stored, shape)
+  try:
+    kernel, bias = method.bake(stored, shape)
+  except ValueError as e:
+    raise ValueError(f'layer {_name(path)}: {e}') from None
+  if mean is not None and not np.all(np.isfinite(mean)):
+    raise ValueError(f"layer {_name(path)}: IMN's running mean has entries that are not finite "
+                     f'({np.flatnonzero(~np.isfinite(mean))[:8].tolist()} of {np.size(mean)}).')
   kernel = np.asarray(kernel, np.float64).reshape(shape)
   bias = np.zeros(shape[-1]) if bias is None else np.asarray(bias, np.float64)
   if mean is not None and np.any(mean != 0):

@@ -306,9 +306,15 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
                     f'({type(model).__name__}): {hint}.')
   if isinstance(exclude, str):
     exclude = (exclude,)
+  if not isinstance(exclude, Iterable) or not all(isinstance(e, str) for e in exclude):
+    raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
+                    f"exclude=['head'], got {exclude!r:.60}.")
   selection.check_where(where)
   if not isinstance(drop_batchnorm, bool):
     raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
+  if use_running_average is not None and not isinstance(use_running_average, bool):
+    raise TypeError(f'use_running_average must be None, True or False, got '
+                    f'{use_running_average!r}.')
   methods.get(method, **options)  # unknown methods and options fail here, not at the first call
   return Reparameterized(model, method, where=where, exclude=tuple(exclude),
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
@@ -460,6 +466,16 @@ def _bn_affine(bn: nn.BatchNorm, variables, path):
                    params['bias'] if bn.use_bias else None)
 
 
+def _check_args(fn: str, rp, variables) -> None:
+  if not isinstance(rp, Reparameterized):
+    raise TypeError(f'{fn} takes the model geoparam.reparameterize returned, got {rp!r:.60} '
+                    f'({type(rp).__name__}): call {fn}(geoparam.reparameterize(model, method), '
+                    'variables, *example_inputs).')
+  if not isinstance(variables, Mapping):
+    raise TypeError(f'{fn}: variables must be a dict of collections ({{"params": ...}}, as '
+                    f'init returns), got {type(variables).__name__}.')
+
+
 def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   """Variables of `rp` (from `reparameterize`) with the same function as the plain `variables`.
 
@@ -479,6 +495,7 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders), as
   do bias-free layers (nothing could absorb it).
   """
+  _check_args('to_reparameterized', rp, variables)
   method = rp.get_method()
   layers, norms = _record(rp, variables, args, kwargs, abstract=False)
   new = _unfrozen(variables)
@@ -517,6 +534,10 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   into the bias; for zero-padded convs that is exact only away from the
   borders, so it raises unless `approximate_borders=True`.
   """
+  _check_args('bake', rp, variables)
+  if not isinstance(approximate_borders, bool):
+    raise TypeError(f'bake: approximate_borders must be True or False, got '
+                    f'{approximate_borders!r}.')
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))

@@ -331,6 +331,9 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
       kinds.of(layer).imn_axes(layer, inputs.ndim)
     except ValueError as e:
       raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
+  for flag in (use_running_average, imn_field):
+    if flag is not None and not isinstance(flag, (bool, np.bool_)):
+      raise TypeError(f'{name}: use_running_average must be None, True or False, got {flag!r}.')
   if method.imn is not None and not inputs.size:
     if not (imn_field if use_running_average is None else use_running_average) or (
         holder.is_initializing()):

@@ -253,6 +253,45 @@ def test_bake_of_a_bias_free_layer_whose_imn_mean_moved_names_imn_and_the_way_ou
   np.testing.assert_allclose(model.apply(baked, x), rp.apply(variables, x), atol=1e-5)
 
 
+
+def test_the_linen_transform_and_wrappers_refuse_bad_arguments_by_name():
+  """The sweep (issue 35 item 7): each was obscure (a bare Python error) or silently accepted."""
+  model, x = _MLP(), jnp.ones((4, 3))
+  sp = model.init(jax.random.key(0), x)
+  rp = geoparam.reparameterize(model, 'gmp')
+  rv = rp.init(jax.random.key(0), x)
+  for bad in (3, None, ['head', 3]):  # was "'int' object is not iterable", ...
+    with pytest.raises(TypeError, match=r'exclude must be layer names or .* got'):
+      geoparam.reparameterize(model, 'gmp', exclude=bad)
+  for bad in ('yes', 1):  # was accepted, by truthiness
+    with pytest.raises(TypeError, match='use_running_average must be None, True or False'):
+      geoparam.reparameterize(model, 'gmp_imn', use_running_average=bad)
+  with pytest.raises(TypeError, match=r"GmP\(Dense\): use_running_average must be None, True or "
+                                      "False, got 'no'"):  # was IMN frozen, silently
+    geoparam.GmP(nn.Dense(2), input_mean_norm=True).init(jax.random.key(0), x,
+                                                         use_running_average='no')
+  with pytest.raises(TypeError, match=r"where must return a bool; for the layer at 'hidden'"):
+    geoparam.reparameterize(model, 'gmp', where=lambda layer, path: jnp.ones(2)).init(
+        jax.random.key(0), x)  # was numpy's "truth value of an array ... is ambiguous"
+  for fn in (geoparam.to_reparameterized, geoparam.bake):  # was AttributeError 'get_method'
+    name = fn.__name__
+    with pytest.raises(TypeError, match=rf'{name} takes the model geoparam.reparameterize '
+                                        r'returned, got _MLP'):
+      fn(model, sp, x)
+    with pytest.raises(TypeError, match=rf'{name}: variables must be a dict of collections'):
+      fn(rp, None, x)
+  with pytest.raises(TypeError, match="approximate_borders must be True or False, got 'yes'"):
+    geoparam.bake(rp, rv, x, approximate_borders='yes')  # was accepted
+  with pytest.raises(ValueError, match=r'layer hidden: theta has entries that are not finite'):
+    geoparam.bake(rp, jax.tree.map(lambda a: a * jnp.nan, rv), x)  # named no layer
+  rpi = geoparam.reparameterize(model, 'gmp_imn')
+  nan_mean = rpi.init(jax.random.key(0), x)
+  nan_mean['batch_stats']['hidden']['input_mean_norm']['mean'] *= jnp.nan
+  with pytest.raises(ValueError, match=r"layer hidden: IMN's running mean has entries that are "
+                                       r'not finite \(\[0, 1, 2\] of 3\)'):
+    geoparam.bake(rpi, nan_mean, x)  # baked NaN biases, silently
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
