@@ -209,6 +209,11 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
       axes = kind.imn_axes(layer, len(jnp.shape(inputs)))
     except ValueError as e:
       raise ValueError(f'layer {_name(path)}: {method.name!r} has IMN, but {e}') from None
+    if not np.size(inputs):
+      raise ValueError(
+          f'layer {_name(path)}: {method.name!r} has IMN, whose running mean starts at the mean '
+          f'of the layer\'s input on the example batch, but that input is empty (shape '
+          f'{tuple(jnp.shape(inputs))}): pass example inputs with at least one example.')
   kernel = np.asarray(kernel, np.float64)
   bias = np.zeros(layout.units) if bias is None else np.asarray(bias, np.float64)
   if fold is not None:
@@ -223,6 +228,12 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
   calibrate = (imn and use_bias and kind.padding_free(layer)
                and not isinstance(inputs, jax.core.Tracer))
   mean = _flat_mean(kind, layer, inputs) if calibrate else None
+  if mean is not None and not np.all(np.isfinite(mean)):
+    raise ValueError(
+        f'layer {_name(path)}: the mean of its input on the example batch is not finite (entries '
+        f'{np.flatnonzero(~np.isfinite(mean))[:8].tolist()} of {mean.size}): {method.name!r} '
+        "starts IMN's running mean there; pass example inputs without NaN or inf (check the "
+        'inputs and the layers before it).')
   if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
     bias = bias + _mean_dot(kind, layer, mean, kernel)
   try:
@@ -259,7 +270,13 @@ def plain_layer(method, layer, stored, layout: kinds.Layout, mean, path=(),
 def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
   kind = kinds.of(layer)
   shape = layout.method_shape
-  kernel, bias = method.bake(stored, shape)
+  try:
+    kernel, bias = method.bake(stored, shape)
+  except ValueError as e:
+    raise ValueError(f'layer {_name(path)}: {e}') from None
+  if mean is not None and not np.all(np.isfinite(mean)):
+    raise ValueError(f"layer {_name(path)}: IMN's running mean has entries that are not finite "
+                     f'({np.flatnonzero(~np.isfinite(mean))[:8].tolist()} of {np.size(mean)}).')
   kernel = np.asarray(kernel, np.float64).reshape(shape)
   bias = np.zeros(shape[-1]) if bias is None else np.asarray(bias, np.float64)
   if mean is not None and np.any(mean != 0):

@@ -47,12 +47,17 @@ def selected(layer, path, where: Callable | None, exclude) -> bool:
   if where is None:
     return True
   try:
-    return bool(where(layer, tuple(str(p) for p in path)))
+    chosen = where(layer, tuple(str(p) for p in path))
   except TypeError as e:
     if 'positional argument' in str(e):
       raise TypeError(f'where must take (layer, path) and return a bool; calling it with the '
                       f'layer at {name(path)!r} failed: {e}') from None
     raise
+  try:
+    return bool(chosen)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f'where must return a bool; for the layer at {name(path)!r} it returned '
+                    f'{chosen!r:.60} ({e})') from None
 
 
 def refused(layer, path, framework: str = 'nn') -> ValueError:

@@ -306,9 +306,15 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
                     f'({type(model).__name__}): {hint}.')
   if isinstance(exclude, str):
     exclude = (exclude,)
+  if not isinstance(exclude, Iterable) or not all(isinstance(e, str) for e in exclude):
+    raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
+                    f"exclude=['head'], got {exclude!r:.60}.")
   selection.check_where(where)
   if not isinstance(drop_batchnorm, bool):
     raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
+  if use_running_average is not None and not isinstance(use_running_average, bool):
+    raise TypeError(f'use_running_average must be None, True or False, got '
+                    f'{use_running_average!r}.')
   methods.get(method, **options)  # unknown methods and options fail here, not at the first call
   return Reparameterized(model, method, where=where, exclude=tuple(exclude),
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
@@ -411,13 +417,23 @@ def _pop(tree, path):
 
 
 def _put(tree, path, value):
+  if not path:  # the model is the layer itself
+    tree.clear()
+    tree.update(value)
+    return
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
 
 
 def _unfrozen(variables):
-  return jax.tree.map(lambda x: x, flax.core.unfreeze(meta.unbox(variables)))
+  """A mutable copy of `variables`, partitioning boxes (`nn.Partitioned`) kept."""
+  return jax.tree.map(lambda x: x, flax.core.unfreeze(variables))
+
+
+def _like(abstract, value):
+  """`value` in the partitioning box of `abstract` (the plain model's init's), if it has one."""
+  return abstract.replace_boxed(value) if isinstance(abstract, meta.AxisMetadata) else value
 
 
 def _name(path):
@@ -441,11 +457,23 @@ def _lookup(variables, collection: str, path):
 
 def _bn_affine(bn: nn.BatchNorm, variables, path):
   """`bn_affine` of a linen BatchNorm at `path` of `variables`."""
-  stats = _get(variables['batch_stats'], path)
-  params = _get(variables.get('params', {}), path) if bn.use_scale or bn.use_bias else {}
+  stats = meta.unbox(_get(variables['batch_stats'], path))
+  params = {}
+  if bn.use_scale or bn.use_bias:
+    params = meta.unbox(_get(variables.get('params', {}), path))
   return exact.bn_affine(stats['mean'], stats['var'], bn.epsilon,
                    params['scale'] if bn.use_scale else None,
                    params['bias'] if bn.use_bias else None)
+
+
+def _check_args(fn: str, rp, variables) -> None:
+  if not isinstance(rp, Reparameterized):
+    raise TypeError(f'{fn} takes the model geoparam.reparameterize returned, got {rp!r:.60} '
+                    f'({type(rp).__name__}): call {fn}(geoparam.reparameterize(model, method), '
+                    'variables, *example_inputs).')
+  if not isinstance(variables, Mapping):
+    raise TypeError(f'{fn}: variables must be a dict of collections ({{"params": ...}}, as '
+                    f'init returns), got {type(variables).__name__}.')
 
 
 def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
@@ -467,6 +495,7 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders), as
   do bias-free layers (nothing could absorb it).
   """
+  _check_args('to_reparameterized', rp, variables)
   method = rp.get_method()
   layers, norms = _record(rp, variables, args, kwargs, abstract=False)
   new = _unfrozen(variables)
@@ -483,10 +512,14 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
     kernel = meta.unbox(sp[kind.kernel])
     bias = meta.unbox(sp[kind.bias]) if kind.bias in sp else None
     layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
+    stack = exact.stack_of(jnp.shape(kernel), layout, path)
     stored, mean = exact.convert_layer(method, call.layer, kernel, bias, call.inputs, path,
-                                       folds.get(path), exact.stack_of(jnp.shape(kernel), layout,
-                                                                       path))
-    _put(new['params'], path, stored)
+                                       folds.get(path), stack)
+    box, n = sp[kind.kernel], len(stack)
+    box = None if not isinstance(box, nn.Partitioned) else dataclasses.replace(
+        box, names=box.names[:n] + layout.names(box.names[n:]))  # as the wrappers make them
+    _put(new['params'], path, {k: wrappers.box_like(v, stack + layout.method_shape, box, n)
+                               for k, v in stored.items()})
     if mean is not None:
       _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
   return new
@@ -501,11 +534,19 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   into the bias; for zero-padded convs that is exact only away from the
   borders, so it raises unless `approximate_borders=True`.
   """
+  _check_args('bake', rp, variables)
+  if not isinstance(approximate_borders, bool):
+    raise TypeError(f'bake: approximate_borders must be True or False, got '
+                    f'{approximate_borders!r}.')
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
-  shapes = jax.eval_shape(lambda: meta.unbox(rp.module.init(jax.random.key(0), *args, **kwargs)))
+  boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))
+  shapes = meta.unbox(boxes)
   dropped = _dropped(rp, layers, norms)
   new = _unfrozen(variables)
+  # what bake writes gets the plain model's partitioning boxes where the variables hold boxes
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  like = boxes if any(map(is_box, jax.tree.leaves(variables, is_leaf=is_box))) else shapes
   biases = {}  # layers without a bias of their own: their bias goes to the dropped BatchNorm
   given = ("pass the variables to_reparameterized or training returned, with their params and "
            f"batch_stats (these have {_collections(variables)})")
@@ -516,14 +557,23 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     plain_kernel = _get(shapes['params'], path)[kind.kernel]
     stack = exact.stack_of(plain_kernel.shape, layout, path)
     stored = _lookup(variables, 'params', path)
-    names = sorted(method.params(layout.method_shape, methods.Layer(
-        use_bias=kind.has_bias(layer)), lambda: None))
+    specs = method.params(layout.method_shape, methods.Layer(use_bias=kind.has_bias(layer)),
+                          lambda: None)
+    names = sorted(specs)
     if not isinstance(stored, Mapping) or not set(names) <= set(stored):
       held = sorted(stored) if isinstance(stored, Mapping) else None
       raise ValueError(
           f'bake: the variables lack params/{_name(path)} of layer {_name(path)} '
           f'({method.name}\'s {names}' + (f'; they hold {held}' if held else '') + '): '
           + (f"these are the plain model's; " if held and 'kernel' in held else '') + given + '.')
+    held = {n: jnp.shape(meta.unbox(stored[n])) for n in names}
+    need = {n: stack + tuple(specs[n].shape) for n in names}
+    if held != need:
+      raise ValueError(
+          f'bake: the example inputs give layer {_name(path)} inputs of shape '
+          f'{tuple(jnp.shape(call.inputs))}, for which {method.name!r} needs params {need}, but '
+          f'the variables hold {held}: pass example inputs of the shape the variables were made '
+          'for (only their shapes are used).')
     mean = None
     if method.imn is not None:
       mean = _lookup(variables, 'batch_stats', path + ('input_mean_norm', 'mean'))
@@ -536,9 +586,10 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     kernel, bias = exact.plain_layer(method, layer, meta.unbox(dict(stored)), layout, mean, path,
                                      approximate_borders, stack)
     dtype = plain_kernel.dtype
-    plain = {kind.kernel: jnp.asarray(kernel, dtype)}
+    own = _get(like['params'], path)
+    plain = {kind.kernel: _like(own[kind.kernel], jnp.asarray(kernel, dtype))}
     if kind.has_bias(layer):
-      plain[kind.bias] = jnp.asarray(bias, dtype)
+      plain[kind.bias] = _like(own[kind.bias], jnp.asarray(bias, dtype))
     else:
       biases[path] = bias
     _put(new['params'], path, plain)
@@ -554,12 +605,18 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     if bn.use_bias:  # takes the bias of a layer that has none
       affine['bias'] = jnp.asarray(biases.pop(layer_path, np.zeros(features)), dtype)
     if affine:
-      _put(new['params'], bn_path, affine)
+      own = _get(like['params'], bn_path)
+      _put(new['params'], bn_path, {k: _like(own[k], v) for k, v in affine.items()})
   if not new.get('batch_stats', True) and 'batch_stats' not in shapes:
     del new['batch_stats']  # IMN's running means were all there was
   for layer_path, bias in biases.items():
     if np.any(bias != 0):
-      raise ValueError(f'layer {_name(layer_path)} has use_bias=False in the plain model (and '
-                       'no dropped BatchNorm after it to carry a bias), but its reparameterized '
-                       'form has a nonzero bias: no plain weights match.')
+      why = ('its reparameterized form has a nonzero bias' if method.imn is None else
+             f"IMN's running mean of its input moved from 0 in training, and {method.name!r} "
+             'subtracts it (u^T (x - m) = u^T x - u^T m), which needs a bias')
+      raise ValueError(
+          f'bake: layer {_name(layer_path)} has use_bias=False in the plain model (and no '
+          f'dropped BatchNorm after it to carry a bias), but {why}: no plain weights match. '
+          'Leave such layers plain (exclude=[...] or a where= that skips bias-free layers), or '
+          'drop the BatchNorm after them (drop_batchnorm=True), which takes the bias.')
   return new

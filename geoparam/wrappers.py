@@ -183,26 +183,27 @@ def _box_of(value):
   return value if isinstance(value, nn.Partitioned) else None
 
 
-def _boxed(init, kernel_shape, kernel_box):
-  """`init` whose unboxed output gets the kernel's partitioning names (`kernel_box()`, or None).
+def box_like(value, kernel_shape, box, stacked: int = 0):
+  """`value` with the kernel's partitioning `box` (names in the method's layout; None: none).
 
-  `kernel_box()`'s names are in the method's layout (`method_names`). A
-  kernel-shaped variable keeps the kernel's names; others put the kernel's last
+  A kernel-shaped variable keeps the kernel's names; others put the kernel's last
   name (the features) on their last axis and leave the rest unsharded (theta's
-  and v's fan-in axis is a sequential product). An output already boxed is kept.
+  and v's fan-in axis is a sequential product); the `stacked` leading axes of a
+  layer stacked by `nn.scan` keep their names. A value already boxed is kept.
   """
+  if box is None or _box_of(value) is not None:
+    return value
+  shape = tuple(jnp.shape(value))
+  names = tuple(box.names)
+  if shape != tuple(kernel_shape):
+    names = names[:stacked] + (None,) * (len(shape) - stacked - 1) + names[-1:]
+  return dataclasses.replace(box, value=value, names=names)
 
-  def boxed(key, shape, dtype=jnp.float32):
-    value = init(key, shape, dtype)
-    box = kernel_box()
-    if _box_of(value) is not None or box is None:
-      return value
-    shape = jnp.shape(value)
-    names = box.names if tuple(shape) == tuple(kernel_shape) else (
-        (None,) * (len(shape) - 1) + (box.names[-1],))
-    return dataclasses.replace(box, value=value, names=names)
 
-  return boxed
+def _boxed(init, kernel_shape, kernel_box):
+  """`init` whose output is boxed like the kernel (`box_like` with `kernel_box()`)."""
+  return lambda key, shape, dtype=jnp.float32: box_like(init(key, shape, dtype), kernel_shape,
+                                                         kernel_box())
 
 
 def _get_or_create(holder: nn.Module, name: str, param: methods.Param, dtype, make_init):
@@ -331,6 +332,17 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
       kinds.of(layer).imn_axes(layer, inputs.ndim)
     except ValueError as e:
       raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
+  for flag in (use_running_average, imn_field):
+    if flag is not None and not isinstance(flag, (bool, np.bool_)):
+      raise TypeError(f'{name}: use_running_average must be None, True or False, got {flag!r}.')
+  if method.imn is not None and not inputs.size:
+    if not (imn_field if use_running_average is None else use_running_average) or (
+        holder.is_initializing()):
+      raise ValueError(
+          f'{name}: {method.name!r} has IMN, which subtracts the batch mean of the inputs in '
+          f'training and init, but the inputs (shape {inputs.shape}) hold no example: the mean of '
+          'none is undefined (nn.BatchNorm gives NaN); pass a batch of at least one example.')
+    method = method._replace(imn=None)  # evaluation: the empty output, as the plain layer's
   input_mean = None
   if method.imn is not None:
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,

@@ -11,9 +11,12 @@ import subprocess
 import sys
 import tarfile
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import geoparam
 from geoparam import methods
@@ -110,6 +113,183 @@ def test_angle_between_a_zero_vector_raises_eagerly_and_is_nan_traced():
     angle(np.ones(2), np.zeros(2))
   assert np.isnan(jax.jit(angle)(np.zeros(3), np.ones(3)))
   assert np.all(np.isnan(jax.vmap(angle)(np.zeros((2, 3)), np.ones((2, 3)))))
+
+
+# ----------------------------------------------------------------------------- the linen transform
+
+def _spec(names):
+  return nn.with_partitioning(nn.initializers.lecun_normal(), names)
+
+
+class _Block(nn.Module):
+
+  @nn.compact
+  def __call__(self, h, _):
+    return nn.Dense(8, kernel_init=_spec(('mlp', 'embed')), name='dense')(h), None
+
+
+class _Sharded(nn.Module):
+  """Dense -> BatchNorm (dropped) -> LayerNorm (never touched) -> scanned Dense -> DenseGeneral,
+  every param partitioned."""
+
+  @nn.compact
+  def __call__(self, x):
+    ones, zeros = nn.initializers.ones, nn.initializers.zeros
+    x = nn.Dense(8, kernel_init=_spec(('embed', 'mlp')),
+                 bias_init=nn.with_partitioning(zeros, ('mlp',)), name='up')(x)
+    x = nn.BatchNorm(True, scale_init=nn.with_partitioning(ones, ('mlp',)),
+                     bias_init=nn.with_partitioning(zeros, ('mlp',)), name='bn')(x)
+    x = nn.LayerNorm(scale_init=nn.with_partitioning(ones, ('mlp',)), name='norm')(x)
+    x, _ = nn.scan(_Block, variable_axes={'params': 0}, split_rngs={'params': True}, length=2,
+                   metadata_params={nn.PARTITION_NAME: 'layers'})(name='blocks')(x, None)
+    return nn.DenseGeneral((2, 4), kernel_init=_spec(('embed', 'heads', 'kv')), name='qkv')(x)
+
+
+def test_partitioning_survives_to_reparameterized_and_bake():
+  """Both stripped every nn.Partitioned box (the LayerNorm's too): get_partition_spec gave P()."""
+  model, x = _Sharded(), jnp.ones((4, 3))
+  sp = model.init(jax.random.key(0), x)
+  rp = geoparam.reparameterize(model, 'gmp', drop_batchnorm=True)
+  new = geoparam.to_reparameterized(rp, sp, x)
+  # the converted layers carry the specs the wrappers give them at init (the kernel's, relabelled)
+  specs = nn.get_partition_spec(new)['params']
+  assert specs == nn.get_partition_spec(rp.init(jax.random.key(0), x))['params']
+  assert specs['norm'] == {'scale': P('mlp'), 'bias': P()}
+  assert specs['up'] == {'theta': P(None, 'mlp'), 'lam': P('mlp'), 'scale': P('mlp')}
+  assert specs['blocks']['dense']['theta'] == P('layers', None, 'embed')  # the scan's axis kept
+  assert specs['qkv']['theta'] == P(None, 'heads')
+  baked = geoparam.bake(rp, new, x)
+  assert nn.get_partition_spec(baked) == nn.get_partition_spec(sp)
+  np.testing.assert_allclose(model.apply(baked, x), model.apply(sp, x), atol=1e-5)
+
+
+def test_a_model_that_is_one_layer_converts_and_bakes():
+  """Was IndexError: tuple index out of range (its path is the root, ())."""
+  x = jax.random.normal(jax.random.key(1), (4, 3))
+  for method in ('gmp', 'gmp_imn', 'lcw'):
+    layer = nn.Dense(4)
+    sp = layer.init(jax.random.key(0), x)
+    if method == 'lcw':
+      sp = jax.tree.map(lambda a: a - a.mean(0) if a.ndim == 2 else a, sp)
+    rp = geoparam.reparameterize(layer, method)
+    new = geoparam.to_reparameterized(rp, sp, x)
+    assert jax.tree.structure(new) == jax.tree.structure(rp.init(jax.random.key(0), x))
+    np.testing.assert_allclose(rp.apply(new, x), layer.apply(sp, x), atol=1e-5)
+    baked = geoparam.bake(rp, new, x)
+    assert jax.tree.structure(baked) == jax.tree.structure(sp)
+    np.testing.assert_allclose(layer.apply(baked, x), layer.apply(sp, x), atol=1e-5)
+
+
+
+class _Conv(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Conv(8, (3, 3), name='conv')(x)
+
+
+def test_bake_with_an_example_of_another_shape_names_the_layer_and_both_shapes():
+  """Was "kernel_shape (3, 3, 5, 8) does not hold a (27, 8) kernel"."""
+  rp = geoparam.reparameterize(_Conv(), 'gmp')
+  variables = rp.init(jax.random.key(0), jnp.ones((2, 6, 6, 3)))
+  with pytest.raises(ValueError, match=r"bake: the example inputs give layer conv inputs of shape "
+                                       r"\(2, 6, 6, 5\), for which 'gmp' needs params .*'theta': "
+                                       r"\(44, 8\).* but the variables hold .*'theta': \(26, 8\)"):
+    geoparam.bake(rp, variables, jnp.ones((2, 6, 6, 5)))
+
+
+class _MLP(nn.Module):
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(8, use_bias=self.use_bias, name='hidden')(x))
+    return nn.Dense(2, name='head')(x)
+
+
+def test_imn_on_an_empty_batch():
+  """Training step and init: was ZeroDivisionError: integer modulo by zero (nn.BatchNorm gives
+  NaN; we refuse); evaluation gives the empty output, as the plain model does."""
+  rp = geoparam.reparameterize(_MLP(), 'gmp_imn')
+  x, empty = jnp.ones((4, 3)), jnp.ones((0, 3))
+  variables = rp.init(jax.random.key(0), x)
+  says = (r"Dense at 'hidden': 'gmp_imn' has IMN, which subtracts the batch mean of the inputs "
+          r'in training and init, but the inputs \(shape \(0, 3\)\) hold no example')
+  with pytest.raises(ValueError, match=says):
+    rp.apply(variables, empty, mutable=['batch_stats'])
+  with pytest.raises(ValueError, match=says):
+    rp.init(jax.random.key(0), empty)
+  with pytest.raises(ValueError, match=r"GmP\(Dense\): 'gmp_imn' has IMN, .* hold no example"):
+    geoparam.GmP(nn.Dense(2), input_mean_norm=True).init(jax.random.key(0), empty,
+                                                         use_running_average=False)
+  assert rp.apply(variables, empty).shape == (0, 2)
+
+
+def test_to_reparameterized_under_imn_with_an_empty_or_nan_example_batch():
+  """Empty: was numpy's "cannot reshape array of size 0"; NaN: was "bias entries [...] are not
+  finite", blaming the bias."""
+  model, x = _MLP(), jnp.ones((4, 3))
+  rp, sp = geoparam.reparameterize(model, 'gmp_imn'), model.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"layer hidden: 'gmp_imn' has IMN, whose running mean "
+                                       r".* but that input is empty \(shape \(0, 3\)\): pass "
+                                       'example inputs with at least one example'):
+    geoparam.to_reparameterized(rp, sp, jnp.ones((0, 3)))
+  with pytest.raises(ValueError, match=r'layer hidden: the mean of its input on the example batch '
+                                       r'is not finite \(entries \[1\] of 3\)'):
+    geoparam.to_reparameterized(rp, sp, x.at[0, 1].set(jnp.nan))
+
+
+def test_bake_of_a_bias_free_layer_whose_imn_mean_moved_names_imn_and_the_way_out():
+  """Was "... its reparameterized form has a nonzero bias: no plain weights match"."""
+  model, x = _MLP(use_bias=False), jnp.ones((4, 3))
+  rp = geoparam.reparameterize(model, 'gmp_imn')
+  variables = rp.init(jax.random.key(0), x)
+  _, stats = rp.apply(variables, x + 3.0, mutable=['batch_stats'])
+  with pytest.raises(ValueError, match=r"bake: layer hidden has use_bias=False .* but IMN's "
+                                       r"running mean of its input moved .*'gmp_imn' subtracts "
+                                       r'it .*exclude=\[...\] or a where= .*drop_batchnorm=True'):
+    geoparam.bake(rp, {**variables, **stats}, x)
+  baked = geoparam.bake(rp, variables, x)  # the mean still 0: bakes exactly
+  np.testing.assert_allclose(model.apply(baked, x), rp.apply(variables, x), atol=1e-5)
+
+
+
+def test_the_linen_transform_and_wrappers_refuse_bad_arguments_by_name():
+  """The sweep (issue 35 item 7): each was obscure (a bare Python error) or silently accepted."""
+  model, x = _MLP(), jnp.ones((4, 3))
+  sp = model.init(jax.random.key(0), x)
+  rp = geoparam.reparameterize(model, 'gmp')
+  rv = rp.init(jax.random.key(0), x)
+  for bad in (3, None, ['head', 3]):  # was "'int' object is not iterable", ...
+    with pytest.raises(TypeError, match=r'exclude must be layer names or .* got'):
+      geoparam.reparameterize(model, 'gmp', exclude=bad)
+  for bad in ('yes', 1):  # was accepted, by truthiness
+    with pytest.raises(TypeError, match='use_running_average must be None, True or False'):
+      geoparam.reparameterize(model, 'gmp_imn', use_running_average=bad)
+  with pytest.raises(TypeError, match=r"GmP\(Dense\): use_running_average must be None, True or "
+                                      "False, got 'no'"):  # was IMN frozen, silently
+    geoparam.GmP(nn.Dense(2), input_mean_norm=True).init(jax.random.key(0), x,
+                                                         use_running_average='no')
+  with pytest.raises(TypeError, match=r"where must return a bool; for the layer at 'hidden'"):
+    geoparam.reparameterize(model, 'gmp', where=lambda layer, path: jnp.ones(2)).init(
+        jax.random.key(0), x)  # was numpy's "truth value of an array ... is ambiguous"
+  for fn in (geoparam.to_reparameterized, geoparam.bake):  # was AttributeError 'get_method'
+    name = fn.__name__
+    with pytest.raises(TypeError, match=rf'{name} takes the model geoparam.reparameterize '
+                                        r'returned, got _MLP'):
+      fn(model, sp, x)
+    with pytest.raises(TypeError, match=rf'{name}: variables must be a dict of collections'):
+      fn(rp, None, x)
+  with pytest.raises(TypeError, match="approximate_borders must be True or False, got 'yes'"):
+    geoparam.bake(rp, rv, x, approximate_borders='yes')  # was accepted
+  with pytest.raises(ValueError, match=r'layer hidden: theta has entries that are not finite'):
+    geoparam.bake(rp, jax.tree.map(lambda a: a * jnp.nan, rv), x)  # named no layer
+  rpi = geoparam.reparameterize(model, 'gmp_imn')
+  nan_mean = rpi.init(jax.random.key(0), x)
+  nan_mean['batch_stats']['hidden']['input_mean_norm']['mean'] *= jnp.nan
+  with pytest.raises(ValueError, match=r"layer hidden: IMN's running mean has entries that are "
+                                       r'not finite \(\[0, 1, 2\] of 3\)'):
+    geoparam.bake(rpi, nan_mean, x)  # baked NaN biases, silently
 
 
 # ----------------------------------------------------------------------------- the CLI
