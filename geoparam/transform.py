@@ -315,7 +315,11 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
   if use_running_average is not None and not isinstance(use_running_average, bool):
     raise TypeError(f'use_running_average must be None, True or False, got '
                     f'{use_running_average!r}.')
-  methods.get(method, **options)  # unknown methods and options fail here, not at the first call
+  built = methods.get(method, **options)  # unknown methods and options fail here, not at a call
+  if use_running_average is not None and built.imn is None:
+    raise ValueError(f'use_running_average={use_running_average} switches IMN\'s running mean, '
+                     f'but method {built.name!r} has no IMN: leave it out (or use a method with '
+                     "IMN, e.g. 'gmp_imn').")
   return Reparameterized(model, method, where=where, exclude=tuple(exclude),
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
                          options=flax.core.FrozenDict(options))

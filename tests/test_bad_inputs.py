@@ -409,3 +409,18 @@ def test_cli_names_a_data_file_that_is_not_utf8_text(tmp_path):
     uci_data.parse(str(uci / 'yacht.txt'))
   (uci / 'mac.txt').write_bytes(b'1 2 3\r4 5 6\r')  # \r line ends read as before
   assert uci_data.parse(str(uci / 'mac.txt'))[2] == 2
+
+
+def test_imn_momentum_and_axis_name_of_the_wrong_type_are_named():
+  model = nn.Dense(3)
+  with pytest.raises(ValueError, match=r"momentum must be a number in \[0, 1\], got '0.9'"):
+    geoparam.reparameterize(model, 'gmp_imn', momentum='0.9')
+  with pytest.raises(ValueError, match='momentum must be a number'):
+    geoparam.methods.with_imn('gmp', momentum=True)
+  with pytest.raises(TypeError, match='axis_name must be None or the name'):
+    geoparam.methods.get('gmp_imn', axis_name=0)
+
+
+def test_use_running_average_with_a_method_without_imn_is_refused():
+  with pytest.raises(ValueError, match="method 'gmp' has no IMN"):
+    geoparam.reparameterize(nn.Dense(3), 'gmp', use_running_average=True)

@@ -141,8 +141,12 @@ def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None
   if not isinstance(method, Method):
     raise TypeError(f'with_imn: method must be a registry name or a geoparam.methods.Method, got '
                     f'{method!r:.80} of type {type(method).__name__}.')
-  if not 0.0 <= momentum <= 1.0:
-    raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+  if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) or not (
+      0.0 <= momentum <= 1.0):
+    raise ValueError(f'momentum must be a number in [0, 1], got {momentum!r}.')
+  if axis_name is not None and not isinstance(axis_name, str):
+    raise TypeError(f'axis_name must be None or the name (str) of a mapped axis, got '
+                    f'{axis_name!r}.')
   return method._replace(imn=IMN(momentum, axis_name))
 
 
