@@ -46,10 +46,13 @@ class Param(NamedTuple):
   `min_dtype`: stored in at least this dtype whatever the layer's `param_dtype` (GmP's
   angles: the map's product of `fan_in` sines compounds their rounding, ~11% of the
   direction at fan-in 4608 in bf16, against ~0.2% for a bf16 kernel).
+  `fixed`: gets no gradient (`apply` stops it: GmP's fan-in-1 `sign`), so not a
+  trainable coordinate.
   """
   shape: Shape
   init: Initializer
   min_dtype: Any = None
+  fixed: bool = False
 
 
 def stored_dtype(param: Param, param_dtype) -> Any:
@@ -114,6 +117,14 @@ class Method(NamedTuple):
       inverse of `convert` (bias None when the method stores none).
     min_fan_in: the smallest fan-in the method supports; `fan_in_reason` says why.
     imn: `IMN(...)` when the layer's input is mean-normalized (see `with_imn`).
+    gain: the per-unit variable `(kernel, bias)` are both linear in and that is
+      each unit's kernel norm (GmP's `scale`, the paper's radius `r`): `apply`
+      with it at 1 gives unit-norm kernel columns and `bias / |kernel|`. None
+      where no variable is (WN's `scale` leaves the bias alone).
+    from_kernel: `from_kernel(kernel, bias, use_bias) -> params`, traceable (jax,
+      no checks): the stored variables standing for `kernel` (kernel shape) and
+      `bias (F,)`, in their dtype; `convert` is its checked float64 form. None
+      where the method has none.
   """
   name: str
   params: Callable[[Shape, Layer, Callable[[], jax.Array]], dict[str, Param]]
@@ -123,6 +134,8 @@ class Method(NamedTuple):
   min_fan_in: int = 1
   fan_in_reason: str = ''
   imn: IMN | None = None
+  gain: str | None = None
+  from_kernel: Callable[[jax.Array, jax.Array, bool], dict[str, jax.Array]] | None = None
 
 
 def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:
