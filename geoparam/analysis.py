@@ -115,30 +115,8 @@ def _check_kind(kind):
   return kind
 
 
-def _dense_spec(method: methods.Method, stored, kind):
-  """`((fan_in, features), {name: Param})`: the dense kernel `stored` (a layer's variables, no
-  `batch_stats`) stands for under `method`, read off the record's first variable, and the
-  record's variables for it; each stored one's shape checked (the gain may be absent)."""
-  kind = getattr(kind, 'name', kind)
-  first = next(iter(method.params((2, 1), methods.Layer(), lambda: None)))
-  _need(stored, (first,), kind)
-  shape = tuple(jnp.shape(stored[first]))
-  for n in (shape[0], shape[0] + 1) if len(shape) == 2 else ():
-    specs = [method.params((n, shape[1]), methods.Layer(use_bias=b), lambda: None)
-             for b in (True, False)] if n >= 1 else [{}]
-    if first not in specs[0] or specs[0][first].shape != shape:
-      continue
-    spec = specs[0] if (set(specs[0]) - set(specs[1])) & set(stored) else specs[1]
-    if set(stored) - set(spec):
-      break
-    _need(stored, tuple(k for k in spec if k != method.gain), kind)
-    for name in stored:
-      if tuple(jnp.shape(stored[name])) != spec[name].shape:
-        raise ValueError(f'kind={kind!r}: {name} must have shape {spec[name].shape} to match '
-                         f'{first} of shape {shape}.')
-    return (n, shape[1]), spec
-  raise ValueError(f'kind={kind!r}: the variables {jax.tree.map(jnp.shape, stored)} are not '
-                   'those the method stores for any dense kernel (fan_in, features).')
+def _name(kind) -> str:
+  return getattr(kind, 'name', kind)
 
 
 def _stored(params, kind) -> dict[str, jax.Array]:
@@ -151,7 +129,7 @@ def _method_affine(params, method: methods.Method, kind):
   """`(w, b)` of a dense layer under any method: its `apply` (at gain 1 where it has a gain),
   then IMN's running mean folded."""
   stored = _stored(params, kind)
-  shape, _ = _dense_spec(method, stored, kind)
+  shape, _ = methods.base.dense_spec(method, stored, f'kind={_name(kind)!r}')
   if method.gain is not None:  # drop the positive output scale: w = u, b = lam
     stored[method.gain] = jnp.ones(shape[1:])
   w, b = method.apply(stored, shape)
@@ -264,9 +242,8 @@ def _direction_distance(params, kind, check: str | None = None):
   norm = jnp.sqrt(jnp.sum(w * w, axis=0))
   if check and not isinstance(norm, jax.core.Tracer) and np.any(np.asarray(norm) == 0):
     zero = np.flatnonzero(np.asarray(norm) == 0).tolist()
-    name = kind.name if isinstance(kind, methods.Method) else kind
     raise ValueError(
-        f'{check}(kind={name!r}): units {zero[:10]}{" ..." if len(zero) > 10 else ""} have a '
+        f'{check}(kind={_name(kind)!r}): units {zero[:10]}{" ..." if len(zero) > 10 else ""} have a '
         'zero weight vector (w = 0): relu(0^T x + b) is the constant b, so they have no '
         'activation boundary and no location phi. Leave those units out (boundary_distance '
         'gives them +-inf, boundary_direction the zero vector); traced (under jit, vmap, '
@@ -440,7 +417,7 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
   touched = 0
   method = _method_of(kind)
   if method is not None:
-    spec = _dense_spec(method, _stored(params, kind), kind)[1]
+    spec = methods.base.dense_spec(method, _stored(params, kind), f'kind={_name(kind)!r}')[1]
     trainable = tuple((k,) for k, p in spec.items() if not p.fixed)
   else:
     trainable = _TRAINABLE[kind]

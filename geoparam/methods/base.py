@@ -33,7 +33,7 @@ import numpy as np
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
            'stored_dtype', 'layer_dtype',
-           'check_zero_sum', 'with_layer_bias', 'bias_names']
+           'check_zero_sum', 'with_layer_bias', 'bias_names', 'dense_spec']
 
 Shape = tuple[int, ...]
 Initializer = Callable[..., jax.Array]
@@ -225,3 +225,39 @@ def bias_names(method: Method, kernel_shape: Shape) -> tuple[str, ...]:
   with_bias = method.params(tuple(kernel_shape), Layer(use_bias=True), key)
   without = method.params(tuple(kernel_shape), Layer(use_bias=False), key)
   return tuple(n for n in with_bias if n not in without)
+
+
+def dense_spec(method: Method, stored: Mapping[str, Any], where: str = 'dense_spec'
+               ) -> tuple[tuple[int, int], dict[str, Param]]:
+  """`((fan_in, F), {name: Param})`: the dense kernel a layer's `stored` variables stand for
+  under `method`, read off the record's first variable, and the record's variables for it.
+
+  Each stored variable's shape is checked (the `gain` may be absent); a ValueError names
+  `where` and the first mismatch, missing or extra variable.
+
+    >>> import numpy as np
+    >>> from geoparam import methods
+    >>> dense_spec(methods.get('gmp'), {'theta': np.zeros((2, 4)), 'lam': np.zeros(4)})[0]
+    (3, 4)
+  """
+  first = next(iter(method.params((2, 1), Layer(), lambda: None)))
+  shape = tuple(np.shape(stored[first])) if first in stored else ()
+  for n in (shape[0], shape[0] + 1) if len(shape) == 2 else ():
+    specs = [method.params((n, shape[1]), Layer(use_bias=b), lambda: None)
+             for b in (True, False)] if n >= 1 else [{}]
+    if first not in specs[0] or specs[0][first].shape != shape:
+      continue
+    spec = specs[0] if (set(specs[0]) - set(specs[1])) & set(stored) else specs[1]
+    missing = [k for k in spec if k not in stored and k != method.gain]
+    if set(stored) - set(spec):
+      break
+    if missing:
+      raise ValueError(f'{where} needs entries {list(spec)}; missing {missing}, got keys '
+                       f'{sorted(stored)}.')
+    for name in stored:
+      if tuple(np.shape(stored[name])) != spec[name].shape:
+        raise ValueError(f'{where}: {name} must have shape {spec[name].shape} to match '
+                         f'{first} of shape {shape}.')
+    return (n, shape[1]), spec
+  raise ValueError(f'{where}: the variables {({k: np.shape(v) for k, v in stored.items()})} are '
+                   'not those the method stores for any dense kernel (fan_in, features).')
