@@ -3,9 +3,9 @@
 `PARAMETERIZATIONS` is the one table of methods (name -> weight layer and
 normalization) and `layer` builds a hidden layer from a row; every study model
 uses it (`MLP`, `CNN` here, `vision_models`, `deep_sigmoid_mlp`). The weight
-layer of a row is one lookup in `WEIGHTS` (what is no method of the library:
-flax's WeightNorm/SpectralNorm, GmP's paper form), or else the method's record
-in the library's registry; its normalization one in `PRE_ACTIVATION` /
+layer of a row is one lookup in `WEIGHTS` (geoparam's paper-form layers, flax's
+WeightNorm/SpectralNorm), or else the method's record in the library's registry;
+its normalization one in `PRE_ACTIVATION` /
 `POST_ACTIVATION`. Adding a method is adding a row (and, for a new kind of
 weight layer or normalization, its row in those tables).
 
@@ -44,11 +44,11 @@ class Method:
 
   Attributes:
     weights: a key of `WEIGHTS`: 'plain' (nn.Dense / nn.Conv), 'wn' (nn.WeightNorm
-      of it), 'sn' (nn.SpectralNorm of it), 'gmp' (geoparam.GmPDense / GmPConv, the
-      ReLU included) or 'cwn' (the library's CWN with its own lecun-normal init); or
-      any other name of `geoparam.methods.REGISTRY` ('lcw', ...: `geoparam.Reparam`
-      of the plain layer, so a method registered in the library is a study method
-      with one row here).
+      of it), 'gmp' (geoparam.GmPDense / GmPConv, the ReLU included), 'lcw'
+      (LCWDense / LCWConv), 'cwn' (CWNDense / CWNConv) or 'sn' (nn.SpectralNorm
+      of it); or any other name of `geoparam.methods.REGISTRY` (`geoparam.Reparam`
+      of the plain layer: a method registered in the library is a study method with
+      one row here).
     norm: None, 'bn' (BatchNorm on the pre-activations), 'mbn' (mean-only BN on
       the pre-activations), 'imn' (GmP's input mean normalization, every hidden
       layer after the first) or 'sl' (standardization of the activations).
@@ -150,8 +150,11 @@ WEIGHTS = {
         _linear(a), param_dtype=a.param_dtype, name=a.part('wn'))(x)),
     'sn': WeightKind(lambda x, a: nn.SpectralNorm(
         _linear(a), param_dtype=a.param_dtype, name=a.part('sn'))(x, update_stats=a.train)),
-    'cwn': WeightKind(lambda x, a: _reparam(x, a._replace(  # CWN keeps its own init by default
-        kernel_init=a.cwn_kernel_init or nn.initializers.lecun_normal()), 'cwn')),
+    'lcw': WeightKind(lambda x, a: _layer(a, geoparam.LCWDense, geoparam.LCWConv,
+                                          use_bias=a.use_bias, kernel_init=a.kernel_init)(x)),
+    'cwn': WeightKind(lambda x, a: _layer(
+        a, geoparam.CWNDense, geoparam.CWNConv, use_bias=a.use_bias,
+        **({} if a.cwn_kernel_init is None else {'kernel_init': a.cwn_kernel_init}))(x)),
     'gmp': WeightKind(lambda x, a: _layer(
         a, geoparam.GmPDense, geoparam.GmPConv, activation=a.activation, input_mean_norm=a.imn,
         momentum=a.momentum, glorot_scale=a.glorot_scale)(x, use_running_average=not a.train),
