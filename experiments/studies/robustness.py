@@ -315,10 +315,8 @@ def rescale(variables, method: str, scale, careless, key):
     if kind in ('plain', 'wn'):  # nn.Dense/nn.Conv, and flax's WeightNorm of it
       kernel = layer['kernel']
       w = jax.random.normal(jax.random.fold_in(key, i), kernel.shape, kernel.dtype)
-      if kind == 'plain':
-        layer['kernel'] = pick(w, scale * kernel)
-      else:
-        layer['kernel'] = pick(w, kernel)
+      layer['kernel'] = pick(w, scale * kernel if kind == 'plain' else kernel)
+      if kind == 'wn':  # the gain: g = |w| per unit, careless
         wn = dict(params[f'{name}_wn'])
         g = wn[f'{name}/kernel/scale']
         norm = jnp.sqrt(jnp.sum(w ** 2, axis=tuple(range(w.ndim - 1))))
