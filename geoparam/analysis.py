@@ -24,10 +24,11 @@ form of its parameterization `kind` (shapes: `n` = fan-in, `m` = features):
   'gmp_imn' GmP with input mean normalization: the 'gmp' dict plus
             {'batch_stats': {'mean': (n,)}} (the running input mean)
 
-Any other method of `geoparam.methods.REGISTRY` (`'lcw'`, `'cwn'`, a registered
-one), or a `geoparam.methods.Method`, is read through the method itself: the
-dict holds the variables it stores for a dense layer (plus `batch_stats/mean`
-when it has IMN), and its `apply` gives the effective `(w, b)`.
+'wn', 'gmp' and 'gmp_imn', like any other method of `geoparam.methods.REGISTRY`
+(`'lcw'`, `'cwn'`, a registered one) or a `geoparam.methods.Method`, are read
+through the method's record: the dict holds the variables it stores for a dense
+layer (plus `batch_stats/mean` when it has IMN), its `apply` gives the effective
+`(w, b)`, and a method with a `gain` (GmP's `scale`) is seen at gain 1.
 
 Shapes are checked (statically, so under `jit` too): a per-unit entry (bias,
 gain, `lam`, `sign`, BN/MBN statistics) whose shape is not `(m,)`, or an IMN
@@ -72,10 +73,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from geoparam import gmp
 from geoparam import methods
 from geoparam import schedules
-from geoparam.methods.wn import weight_norm
 
 __all__ = [
   'KINDS',
@@ -99,11 +98,11 @@ BN_EPSILON = 1e-5  # nn.BatchNorm's default
 
 
 def _method_of(kind) -> methods.Method | None:
-  """The method record for a kind outside `KINDS`: a name of `geoparam.methods.REGISTRY` or a
-  `geoparam.methods.Method`; None for the canonical kinds."""
+  """The method record of a kind: a name of `geoparam.methods.REGISTRY` or a
+  `geoparam.methods.Method`; None for the kinds that are no method ('sp', 'bn', 'wn_mbn')."""
   if isinstance(kind, methods.Method):
     return kind
-  if isinstance(kind, str) and kind not in KINDS and kind in methods.REGISTRY:
+  if isinstance(kind, str) and kind in methods.REGISTRY:
     return methods.get(kind)
   return None
 
@@ -116,27 +115,24 @@ def _check_kind(kind):
   return kind
 
 
-def _dense_kernel_shape(method: methods.Method, params, kind) -> tuple[int, int]:
-  """The `(fan_in, features)` kernel a dense layer's stored variables stand for under `method`
-  (found by matching the shapes the method declares)."""
-  stored = {k: tuple(jnp.shape(v)) for k, v in params.items() if k != 'batch_stats'}
-  features = {s[-1] for s in stored.values() if s}
-  candidates = sorted({1} | {s[0] + d for s in stored.values() if len(s) == 2 for d in (0, 1)})
-  for f in features:
-    for n in candidates:
-      for use_bias in (True, False):
-        spec = method.params((n, f), methods.Layer(use_bias=use_bias), lambda: None)
-        if {k: tuple(p.shape) for k, p in spec.items()} == stored:
-          return (n, f)
-  raise ValueError(f'kind={getattr(kind, "name", kind)!r}: the variables {stored} are not those '
-                   'the method stores for any dense kernel (fan_in, features).')
+def _name(kind) -> str:
+  return getattr(kind, 'name', kind)
+
+
+def _stored(params, kind) -> dict[str, jax.Array]:
+  """A layer's stored variables: `params` without `batch_stats` and None entries."""
+  _need(params, (), kind)
+  return {k: jnp.asarray(v) for k, v in params.items() if k != 'batch_stats' and v is not None}
 
 
 def _method_affine(params, method: methods.Method, kind):
-  """`(w, b)` of a dense layer under any method: its `apply`, then IMN's running mean folded."""
-  _need(params, (), kind)
-  shape = _dense_kernel_shape(method, params, kind)
-  w, b = method.apply({k: v for k, v in params.items() if k != 'batch_stats'}, shape)
+  """`(w, b)` of a dense layer under any method: its `apply` (at gain 1 where it has a gain),
+  then IMN's running mean folded."""
+  stored = _stored(params, kind)
+  shape, _ = methods.base.dense_spec(method, stored, f'kind={_name(kind)!r}')
+  if method.gain is not None:  # drop the positive output scale: w = u, b = lam
+    stored[method.gain] = jnp.ones(shape[1:])
+  w, b = method.apply(stored, shape)
   w = _kernel(w)
   b = jnp.zeros(shape[1:], w.dtype) if b is None else _per_feature(b, 'bias', w, kind)
   if method.imn is not None:
@@ -190,11 +186,6 @@ def _bias(params, key, kernel, kind, name=None) -> jax.Array:
   return _per_feature(params[key], name or key, kernel, kind)
 
 
-def _weight_norm_kernel(v, g, kind):
-  v = _kernel(v)
-  return weight_norm(v, _per_feature(g, 'scale', v, kind))
-
-
 def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   """Effective affine map `(w, b)` of a layer: unit i is `relu(w[:, i]^T x + b[i])` up to a factor.
 
@@ -204,8 +195,8 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
 
   Returns:
     `(w, b)`: `w` of shape `(fan_in, features)`, `b` of shape `(features,)`.
-    For GmP `w = u(theta)` (unit columns) and `b = lam` (the positive output
-    scale is dropped); BN and MBN are folded with `batch_stats`.
+    For a method with a gain (GmP) `w = u(theta)` (unit columns) and `b = lam`
+    (the positive output scale is dropped); BN and MBN are folded with `batch_stats`.
   """
   kind = _check_kind(kind)
   method = _method_of(kind)
@@ -215,51 +206,29 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
     _need(params, ('kernel',), kind)
     w = _kernel(params['kernel'])
     return w, _bias(params, 'bias', w, kind)
-  if kind == 'wn':
-    _need(params, ('kernel', 'scale'), kind)
-    w = _weight_norm_kernel(params['kernel'], params['scale'], kind)
-    return w, _bias(params, 'bias', w, kind)
   if kind == 'wn_mbn':
     _need(params, ('kernel', 'scale', 'batch_stats'), kind)
     _need(params['batch_stats'], ('mean',), kind)
-    w = _weight_norm_kernel(params['kernel'], params['scale'], kind)
+    w, _ = _method_affine({k: params[k] for k in ('kernel', 'scale')}, methods.get('wn'), kind)
     shift = _bias(params.get('mbn', {}), 'bias', w, kind, 'mbn/bias')
     return w, shift - _per_feature(params['batch_stats']['mean'], 'batch_stats/mean', w, kind)
-  if kind == 'bn':
-    _need(params, ('dense', 'batch_stats'), kind)
-    dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
-    _need(dense, ('kernel',), kind)
-    _need(stats, ('mean', 'var'), kind)
-    w = _kernel(dense['kernel'])
-    b = _bias(dense, 'bias', w, kind, 'dense/bias')
-    eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
-    if eps.ndim != 0:
-      raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
-    gamma = _bias(bn, 'scale', w, kind, 'bn/scale') if bn.get('scale') is not None else (
-        jnp.ones_like(b))
-    beta = _bias(bn, 'bias', w, kind, 'bn/bias')
-    mean = _per_feature(stats['mean'], 'batch_stats/mean', w, kind)
-    var = _per_feature(stats['var'], 'batch_stats/var', w, kind)
-    # gamma (w^T x + b - mean) / sqrt(var + eps) + beta
-    factor = gamma / jnp.sqrt(var + eps)
-    return w * factor[None, :], factor * (b - mean) + beta
-  _need(params, ('theta', 'lam'), kind)
-  theta = jnp.asarray(params['theta'])
-  sign = params.get('sign')
-  if theta.ndim == 2 and theta.shape[0] == 0 and sign is not None:
-    _vector(sign, 'sign', theta.shape[1], f'theta of shape {theta.shape} (one per feature)',
-            kind, jnp.asarray(sign).dtype)
-  u = gmp.gmp_kernel(theta, sign)
-  lam = _vector(params['lam'], 'lam', u.shape[1],
-                f'theta of shape {theta.shape} (one entry per feature)', kind, u.dtype)
-  if kind == 'gmp_imn':
-    _need(params, ('batch_stats',), kind)
-    _need(params['batch_stats'], ('mean',), kind)
-    mean = _vector(params['batch_stats']['mean'], 'batch_stats/mean (the running input mean)',
-                   u.shape[0], f'fan_in = {u.shape[0]} of theta of shape {theta.shape}', kind,
-                   u.dtype)
-    lam = lam - mean @ u
-  return u, lam
+  _need(params, ('dense', 'batch_stats'), kind)
+  dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
+  _need(dense, ('kernel',), kind)
+  _need(stats, ('mean', 'var'), kind)
+  w = _kernel(dense['kernel'])
+  b = _bias(dense, 'bias', w, kind, 'dense/bias')
+  eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
+  if eps.ndim != 0:
+    raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
+  gamma = _bias(bn, 'scale', w, kind, 'bn/scale') if bn.get('scale') is not None else (
+      jnp.ones_like(b))
+  beta = _bias(bn, 'bias', w, kind, 'bn/bias')
+  mean = _per_feature(stats['mean'], 'batch_stats/mean', w, kind)
+  var = _per_feature(stats['var'], 'batch_stats/var', w, kind)
+  # gamma (w^T x + b - mean) / sqrt(var + eps) + beta
+  factor = gamma / jnp.sqrt(var + eps)
+  return w * factor[None, :], factor * (b - mean) + beta
 
 
 def _direction_distance(params, kind, check: str | None = None):
@@ -268,14 +237,13 @@ def _direction_distance(params, kind, check: str | None = None):
   `check`: the caller's name; then concrete zero weight vectors raise ValueError naming the units.
   """
   w, b = affine(params, kind)
-  if isinstance(kind, str) and kind.startswith('gmp'):  # u is a unit vector: no division.
+  if getattr(_method_of(kind), 'gain', None) is not None:  # w is u, a unit vector: no division
     return w.T, b
   norm = jnp.sqrt(jnp.sum(w * w, axis=0))
   if check and not isinstance(norm, jax.core.Tracer) and np.any(np.asarray(norm) == 0):
     zero = np.flatnonzero(np.asarray(norm) == 0).tolist()
-    name = kind.name if isinstance(kind, methods.Method) else kind
     raise ValueError(
-        f'{check}(kind={name!r}): units {zero[:10]}{" ..." if len(zero) > 10 else ""} have a '
+        f'{check}(kind={_name(kind)!r}): units {zero[:10]}{" ..." if len(zero) > 10 else ""} have a '
         'zero weight vector (w = 0): relu(0^T x + b) is the constant b, so they have no '
         'activation boundary and no location phi. Leave those units out (boundary_distance '
         'gives them +-inf, boundary_direction the zero vector); traced (under jit, vmap, '
@@ -409,13 +377,11 @@ def max_angle_change(directions: jax.Array, degrees: bool = True) -> jax.Array:
   return jnp.max(change, axis=1)
 
 
+# The trainable entries of the kinds that are no method; a method's are its variables not `fixed`.
 _TRAINABLE = {
     'sp': (('kernel',), ('bias',)),
-    'wn': (('kernel',), ('scale',), ('bias',)),
     'wn_mbn': (('kernel',), ('scale',), ('mbn', 'bias')),
     'bn': (('dense', 'kernel'), ('dense', 'bias'), ('bn', 'scale'), ('bn', 'bias')),
-    'gmp': (('theta',), ('lam',), ('scale',)),
-    'gmp_imn': (('theta',), ('lam',), ('scale',)),
 }
 
 
@@ -449,9 +415,12 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
   _need(params, (), kind)
   out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in params.items()}
   touched = 0
-  trainable = _TRAINABLE.get(kind) if isinstance(kind, str) else None
-  if trainable is None:  # a method: every stored variable
-    trainable = tuple((k,) for k in params if k != 'batch_stats')
+  method = _method_of(kind)
+  if method is not None:
+    spec = methods.base.dense_spec(method, _stored(params, kind), f'kind={_name(kind)!r}')[1]
+    trainable = tuple((k,) for k, p in spec.items() if not p.fixed)
+  else:
+    trainable = _TRAINABLE[kind]
   for path in trainable:
     node = out
     for key in path[:-1]:

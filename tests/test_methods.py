@@ -249,6 +249,33 @@ def test_a_bias_free_layer_gets_no_bias_term(name, x64):
     method.convert(kernel, np.ones(3), jnp.float64, False)
 
 
+@pytest.mark.parametrize('name', ['gmp', 'gmp_imn', 'lcw', 'cwn', 'wn'])
+def test_from_kernel_is_convert_traced_and_gain_is_the_unit_norm(name, x64):
+  """`from_kernel` (under jit) gives what `convert` gives; where a method has a `gain`, `apply`
+  at gain 1 has unit-norm columns and the bias over the norm; only GmP's sign is `fixed`."""
+  method = methods.get(name, **({'epsilon': 0.0} if name in ('wn', 'cwn') else {}))
+  rng = np.random.default_rng(6)
+  kernel = rng.normal(size=(3, 3, 4, 5))
+  kernel -= kernel.reshape(-1, 5).mean(0)
+  bias = rng.normal(size=5)
+  for use_bias in (True, False):
+    b = bias if use_bias else np.zeros(5)
+    traced = jax.jit(method.from_kernel, static_argnums=2)(kernel, b, use_bias)
+    converted = method.convert(kernel, b, jnp.float64, use_bias)
+    assert set(traced) == set(converted)
+    for k in traced:
+      np.testing.assert_allclose(traced[k], converted[k], rtol=1e-12, atol=1e-13)
+  assert method.gain == ('scale' if name.startswith('gmp') else None)
+  if method.gain:
+    params = method.convert(kernel, bias, jnp.float64, True)
+    w, b = method.apply({**params, method.gain: np.ones(5)}, kernel.shape)
+    norm = np.linalg.norm(kernel.reshape(-1, 5), axis=0)
+    np.testing.assert_allclose(np.linalg.norm(np.reshape(w, (-1, 5)), axis=0), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(b, bias / norm, rtol=1e-12)
+  fixed = [n for n, p in method.params((1, 5), methods.Layer(), lambda: None).items() if p.fixed]
+  assert fixed == (['sign'] if name.startswith('gmp') else [])
+
+
 def _worst_angle(a, b):
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   cos = np.sum(a * b, 0) / (np.linalg.norm(a, axis=0) * np.linalg.norm(b, axis=0))

@@ -3,8 +3,9 @@
 `PARAMETERIZATIONS` is the one table of methods (name -> weight layer and
 normalization) and `layer` builds a hidden layer from a row; every study model
 uses it (`MLP`, `CNN` here, `vision_models`, `deep_sigmoid_mlp`). The weight
-layer of a row is one lookup in `WEIGHTS` (geoparam's layers, flax's
-WeightNorm/SpectralNorm), its normalization one in `PRE_ACTIVATION` /
+layer of a row is one lookup in `WEIGHTS` (geoparam's paper-form layers, flax's
+WeightNorm/SpectralNorm), or else the method's record in the library's registry;
+its normalization one in `PRE_ACTIVATION` /
 `POST_ACTIVATION`. Adding a method is adding a row (and, for a new kind of
 weight layer or normalization, its row in those tables).
 
@@ -182,17 +183,13 @@ def _conv(kernel_size, padding, strides) -> dict:
                                              strides=strides)
 
 
-def _registered(method: str | geoparam.methods.Method) -> WeightKind:
+def _reparam(x, a: LayerArgs, method: str | geoparam.methods.Method):
   """Any method of the library's registry (or a `geoparam.methods.Method`) around the plain
   Dense/Conv: `geoparam.Reparam`, its variables at the layer's name."""
-
-  def build(x, a: LayerArgs):
-    plain = (nn.Conv if a.conv else nn.Dense)(
-        a.features, dtype=a.dtype, param_dtype=a.param_dtype, use_bias=a.use_bias,
-        kernel_init=a.kernel_init, parent=None, **a.conv)
-    return geoparam.Reparam(plain, method, name=a.name)(x, use_running_average=not a.train)
-
-  return WeightKind(build)
+  plain = (nn.Conv if a.conv else nn.Dense)(
+      a.features, dtype=a.dtype, param_dtype=a.param_dtype, use_bias=a.use_bias,
+      kernel_init=a.kernel_init, parent=None, **a.conv)
+  return geoparam.Reparam(plain, method, name=a.name)(x, use_running_average=not a.train)
 
 
 def _kind(kind: str | WeightKind | geoparam.methods.Method) -> WeightKind:
@@ -202,7 +199,7 @@ def _kind(kind: str | WeightKind | geoparam.methods.Method) -> WeightKind:
     return kind
   if isinstance(kind, geoparam.methods.Method) or (
       kind not in WEIGHTS and kind in geoparam.methods.REGISTRY):
-    return _registered(kind)
+    return WeightKind(lambda x, a: _reparam(x, a, kind))
   if kind not in WEIGHTS:
     raise ValueError(f'unknown weight kind {kind!r}; accepted: {", ".join(WEIGHTS)}, or a '
                      f'method of geoparam.methods.REGISTRY ({", ".join(geoparam.methods.REGISTRY)}).')
@@ -342,14 +339,14 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
                 batch_stats=batch_stats if batch_stats is not None else _lookup(
                     running, (f'{name}_bn',), 'batch_stats', kind),
                 epsilon=bn_epsilon)
-  out = dict(p[name])
-  if kind == 'gmp_imn':
+  out = dict(p[name])  # a method's variables (GmP's), as its record stores them
+  method = geoparam.methods.get(kind)
+  if method.imn is not None:
     if batch_stats is None:
-      imn = running.get(name, {}).get('input_mean_norm')
-      if imn is None:  # the first layer of gmp_imn has no IMN: plain GmP.
-        fan_in = out['theta'].shape[0] + 1
-        imn = {'mean': jnp.zeros((fan_in,), jnp.asarray(out['lam']).dtype)}
-      batch_stats = imn
+      batch_stats = running.get(name, {}).get('input_mean_norm')
+    if batch_stats is None:  # the first layer has no IMN (the studies' placement): mean 0
+      shape, spec = geoparam.methods.base.dense_spec(method, out, name)
+      batch_stats = {'mean': jnp.zeros(shape[:1], geoparam.methods.base.layer_dtype(out, spec))}
     out['batch_stats'] = batch_stats
   return out
 

@@ -103,7 +103,7 @@ from experiments.configs import validate
 from experiments.data import cifar_arrays, uci_data
 from experiments.lib import models, plotting, protocol, report
 from experiments.studies import banana_2d, levy_1d
-from geoparam import hyperspherical
+import geoparam
 
 CARELESS = 'careless'  # the init-scale entry of the N(0, 1) init
 CIFAR = 'cifar10'  # the CNN dataset
@@ -312,31 +312,24 @@ def rescale(variables, method: str, scale, careless, key):
   pick = lambda new, old: jnp.where(careless, new, old).astype(old.dtype)
   for i, name in enumerate(_hidden_names(params)):
     layer = dict(params[name])
-    if kind == 'gmp':
-      fan_in = layer['theta'].shape[0] + 1
-      w = jax.random.normal(jax.random.fold_in(key, i), (fan_in, layer['scale'].shape[0]),
-                            layer['scale'].dtype)
-      if fan_in == 1:
-        theta, radius = layer['theta'], jnp.abs(w[0])
-        layer['sign'] = pick(jnp.sign(w[0]), layer['sign'])
-      else:
-        theta, radius = jax.vmap(hyperspherical.from_cartesian, in_axes=1, out_axes=(1, 0))(w)
-      layer['theta'] = pick(theta, layer['theta'])
-      layer['scale'] = pick(radius, scale * layer['scale'])
-    elif kind in ('plain', 'wn'):
+    if kind in ('plain', 'wn'):  # nn.Dense/nn.Conv, and flax's WeightNorm of it
       kernel = layer['kernel']
       w = jax.random.normal(jax.random.fold_in(key, i), kernel.shape, kernel.dtype)
-      if kind == 'plain':
-        layer['kernel'] = pick(w, scale * kernel)
-      else:
-        layer['kernel'] = pick(w, kernel)
+      layer['kernel'] = pick(w, scale * kernel if kind == 'plain' else kernel)
+      if kind == 'wn':  # the gain: g = |w| per unit, careless
         wn = dict(params[f'{name}_wn'])
         g = wn[f'{name}/kernel/scale']
         norm = jnp.sqrt(jnp.sum(w ** 2, axis=tuple(range(w.ndim - 1))))
         wn[f'{name}/kernel/scale'] = pick(norm, scale * g)
         params[f'{name}_wn'] = wn
-    else:
-      raise ValueError(f'method {method!r}: no init scale defined for weight kind {kind!r}.')
+    else:  # a method's variables (GmP's): its record's gain and its form of the N(0, 1) draw
+      record = geoparam.methods.get(kind)
+      if record.gain is None or record.from_kernel is None:
+        raise ValueError(f'method {method!r}: no init scale defined for weight kind {kind!r}.')
+      shape, _ = geoparam.methods.base.dense_spec(record, layer, name)
+      w = jax.random.normal(jax.random.fold_in(key, i), shape, layer[record.gain].dtype)
+      new = record.from_kernel(w, jnp.zeros(shape[1:], w.dtype), True)
+      layer = {k: pick(new[k], scale * v if k == record.gain else v) for k, v in layer.items()}
     params[name] = layer
   return {**variables, 'params': params}
 

@@ -33,7 +33,7 @@ import numpy as np
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
            'stored_dtype', 'layer_dtype',
-           'check_zero_sum', 'with_layer_bias', 'bias_names']
+           'check_zero_sum', 'with_layer_bias', 'bias_names', 'dense_spec']
 
 Shape = tuple[int, ...]
 Initializer = Callable[..., jax.Array]
@@ -46,10 +46,13 @@ class Param(NamedTuple):
   `min_dtype`: stored in at least this dtype whatever the layer's `param_dtype` (GmP's
   angles: the map's product of `fan_in` sines compounds their rounding, ~11% of the
   direction at fan-in 4608 in bf16, against ~0.2% for a bf16 kernel).
+  `fixed`: gets no gradient (`apply` stops it: GmP's fan-in-1 `sign`), so not a
+  trainable coordinate.
   """
   shape: Shape
   init: Initializer
   min_dtype: Any = None
+  fixed: bool = False
 
 
 def stored_dtype(param: Param, param_dtype) -> Any:
@@ -114,6 +117,14 @@ class Method(NamedTuple):
       inverse of `convert` (bias None when the method stores none).
     min_fan_in: the smallest fan-in the method supports; `fan_in_reason` says why.
     imn: `IMN(...)` when the layer's input is mean-normalized (see `with_imn`).
+    gain: the per-unit variable `(kernel, bias)` are both linear in and that is
+      each unit's kernel norm (GmP's `scale`, the paper's radius `r`): `apply`
+      with it at 1 gives unit-norm kernel columns and `bias / |kernel|`. None
+      where no variable is (WN's `scale` leaves the bias alone).
+    from_kernel: `from_kernel(kernel, bias, use_bias) -> params`, traceable (jax,
+      no checks): the stored variables standing for `kernel` (kernel shape) and
+      `bias (F,)`, in their dtype; `convert` is its checked float64 form. None
+      where the method has none.
   """
   name: str
   params: Callable[[Shape, Layer, Callable[[], jax.Array]], dict[str, Param]]
@@ -123,6 +134,8 @@ class Method(NamedTuple):
   min_fan_in: int = 1
   fan_in_reason: str = ''
   imn: IMN | None = None
+  gain: str | None = None
+  from_kernel: Callable[[jax.Array, jax.Array, bool], dict[str, jax.Array]] | None = None
 
 
 def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:
@@ -216,3 +229,39 @@ def bias_names(method: Method, kernel_shape: Shape) -> tuple[str, ...]:
   with_bias = method.params(tuple(kernel_shape), Layer(use_bias=True), key)
   without = method.params(tuple(kernel_shape), Layer(use_bias=False), key)
   return tuple(n for n in with_bias if n not in without)
+
+
+def dense_spec(method: Method, stored: Mapping[str, Any], where: str = 'dense_spec'
+               ) -> tuple[tuple[int, int], dict[str, Param]]:
+  """`((fan_in, F), {name: Param})`: the dense kernel a layer's `stored` variables stand for
+  under `method`, read off the record's first variable, and the record's variables for it.
+
+  Each stored variable's shape is checked (the `gain` may be absent); a ValueError names
+  `where` and the first mismatch, missing or extra variable.
+
+    >>> import numpy as np
+    >>> from geoparam import methods
+    >>> dense_spec(methods.get('gmp'), {'theta': np.zeros((2, 4)), 'lam': np.zeros(4)})[0]
+    (3, 4)
+  """
+  first = next(iter(method.params((2, 1), Layer(), lambda: None)))
+  shape = tuple(np.shape(stored[first])) if first in stored else ()
+  for n in (shape[0], shape[0] + 1) if len(shape) == 2 else ():
+    specs = [method.params((n, shape[1]), Layer(use_bias=b), lambda: None)
+             for b in (True, False)] if n >= 1 else [{}]
+    if first not in specs[0] or specs[0][first].shape != shape:
+      continue
+    spec = specs[0] if (set(specs[0]) - set(specs[1])) & set(stored) else specs[1]
+    missing = [k for k in spec if k not in stored and k != method.gain]
+    if set(stored) - set(spec):
+      break
+    if missing:
+      raise ValueError(f'{where} needs entries {list(spec)}; missing {missing}, got keys '
+                       f'{sorted(stored)}.')
+    for name in stored:
+      if tuple(np.shape(stored[name])) != spec[name].shape:
+        raise ValueError(f'{where}: {name} must have shape {spec[name].shape} to match '
+                         f'{first} of shape {shape}.')
+    return (n, shape[1]), spec
+  raise ValueError(f'{where}: the variables {({k: np.shape(v) for k, v in stored.items()})} are '
+                   'not those the method stores for any dense kernel (fan_in, features).')

@@ -244,6 +244,11 @@ def _bake(params, kernel_shape):
   return np.asarray(kernel, np.float64), np.asarray(bias, np.float64) if biased else None
 
 
+def _from_kernel(kernel, bias, use_bias):
+  out = from_dense_traced(kernel.reshape(-1, kernel.shape[-1]), bias)
+  return {k: v for k, v in out.items() if k != 'lam' or use_bias}
+
+
 def _layer_draw(layer: base.Layer, kernel_shape, dtype, key):
   """The layer's own `kernel_init`/`bias_init` draws: `(kernel (fan_in, F), bias (F,))`."""
   k_key, b_key = jax.random.split(key)
@@ -287,10 +292,12 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
       draw = lambda dtype: from_dense_traced(*_layer_draw(layer, kernel_shape, dtype, new_key()))
       inits = {name: (lambda name: lambda _, shape, dtype=jnp.float32: draw(dtype)[name])(name)
                for name in shapes}
-    return {name: base.Param(shape, inits[name], jnp.float32 if name == 'theta' else None)
+    return {name: base.Param(shape, inits[name], jnp.float32 if name == 'theta' else None,
+                             fixed=name == 'sign')
             for name, shape in shapes.items()}
 
-  return base.Method('gmp', params, _apply, _convert, _bake)
+  return base.Method('gmp', params, _apply, _convert, _bake, gain='scale',
+                     from_kernel=_from_kernel)
 
 
 def gmp_imn(momentum: float = 0.99, axis_name: str | None = None, initialization: str = 'paper',

@@ -65,6 +65,10 @@ def _bake(params, kernel_shape):
   return kernel, None if bias is None else np.asarray(meta.unbox(bias), np.float64)
 
 
+def _from_kernel(kernel, bias, use_bias):
+  return {'v': v_from_kernel(kernel), **({'bias': bias} if use_bias else {})}
+
+
 def lcw() -> base.Method:
   """LCW as a `Method`."""
 
@@ -81,4 +85,5 @@ def lcw() -> base.Method:
     return out
 
   return base.Method('lcw', params, _apply, _convert, _bake, min_fan_in=2,
-                     fan_in_reason='one weight has no nonzero zero-sum value')
+                     fan_in_reason='one weight has no nonzero zero-sum value',
+                     from_kernel=_from_kernel)

@@ -66,13 +66,19 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
          'scale': jnp.asarray(np.sqrt(np.sum(w * w, axis=0) + epsilon), dtype)},
         bias, dtype, use_bias)
 
+  def from_kernel(kernel, bias, use_bias):
+    w = kernel.reshape(-1, kernel.shape[-1])
+    out = {'kernel': kernel, 'scale': jnp.sqrt(jnp.sum(w * w, axis=0) + epsilon)}
+    return {**out, 'bias': bias} if use_bias else out
+
   def bake(params, kernel_shape):
     del kernel_shape
     f64 = lambda n: np.asarray(meta.unbox(params[n]), np.float64)
     kernel = np.asarray(formula(f64('kernel'), f64('scale'), epsilon))
     return kernel, f64('bias') if 'bias' in params else None
 
-  return base.Method(name, params, apply, convert, bake, min_fan_in, fan_in_reason)
+  return base.Method(name, params, apply, convert, bake, min_fan_in, fan_in_reason,
+                     from_kernel=from_kernel)
 
 
 def wn(scale_init=jinit.ones, epsilon: float = 1e-12) -> base.Method:
