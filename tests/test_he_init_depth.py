@@ -81,7 +81,8 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, monkeypatch):
       main.run_study('he_init_depth', str(tmp_path / 'w'), **fields)
     assert says in str(e.value) and '\n' not in str(e.value), (fields, str(e.value))
   monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
-  with pytest.raises(validate.ConfigError, match='no cifar10-jpeg.tar.gz'):
+  with pytest.raises(validate.ConfigError,
+                     match='CIFAR-10 needs cifar10-jpeg.tar.gz .* no data directory is given'):
     main.run_study('he_init_depth', str(tmp_path / 'w'), 'cifar10')
   assert not (tmp_path / 'w').exists()
   with pytest.raises(ValueError, match='accepted: relu, prelu'):
