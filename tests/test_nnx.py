@@ -618,3 +618,11 @@ def test_reparam_without_rngs_refuses_a_method_that_draws_at_random():
   gnnx.Reparam(layer, 'lcw')  # from the layer's weights: no key needed
   with pytest.raises(TypeError, match='geoparam.nnx.bake takes an nnx.Module.*geoparam.bake'):
     gnnx.bake(nn.Dense(3))
+
+
+def test_nnx_tabulate_works_on_a_reparameterized_model_with_plain_layers_of_the_same_class():
+  model = gnnx.reparameterize(_BNMLP(nnx.Rngs(0), False), 'gmp', exclude=['head'])
+  table = nnx.tabulate(model, jnp.ones((2, 3)))
+  assert 'Reparam' in table and 'head' in table
+  assert model.head(jnp.ones((2, 8))).shape == (2, 2)  # nnx.Linear's __call__ is restored
+  assert nnx.Linear.__call__.__code__.co_name == '__call__'

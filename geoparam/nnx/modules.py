@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 import functools
 import math
+import os
 import numbers
 import types
 from typing import Any
@@ -82,7 +83,17 @@ def _probe(layer, kernel, ones):
                out_features=kernel.shape[-1], feature_group_count=1, mask=None,
                dtype=jnp.float32, precision=lax.Precision.HIGHEST,
                promote_dtype=nnx.nn.dtypes.promote_dtype, kernel_shape=kernel.shape)
-  return type(layer).__call__(view, jnp.asarray(ones))
+  return _own_call(layer)(view, jnp.asarray(ones))
+
+
+def _own_call(layer):
+  """`type(layer).__call__`, without `nnx.tabulate`'s recording wrapper (which reads an id off
+  each graph node it sees; the views this module runs are none)."""
+  call = type(layer).__call__
+  code = getattr(call, '__code__', None)
+  if code is not None and code.co_filename.endswith(os.path.join('nnx', 'summary.py')):
+    call = call.__wrapped__
+  return call
 
 
 def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
@@ -97,7 +108,7 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
 
   def run_layer(kernel, bias, x):
     view = _View(layer, **{kind.kernel: kernel, kind.bias: bias, 'use_bias': bias is not None})
-    return type(layer).__call__(view, x, **kwargs)
+    return _own_call(layer)(view, x, **kwargs)
 
   tap_mask = None
   if kind.taps:
