@@ -162,17 +162,6 @@ def _unbox(value):
   return value, None
 
 
-def _unboxed(init):
-  return None if init is None else (lambda *a: _unbox(init(*a))[0])
-
-
-def _names_of(init, shape, dtype):
-  """The sharding names an initializer attaches (traced only), or None."""
-  if init is None:
-    return None
-  return _unbox(jax.eval_shape(lambda k: init(k, shape, dtype), jax.random.key(0)))[1]
-
-
 def _sharded(names, shape, kernel_shape, kernel_names):
   """A variable's names: its own, else the kernel's features name on its last axis."""
   if names or not kernel_names:
@@ -568,21 +557,12 @@ class WN(Reparam):
 
 # ----------------------------------------------------------------------------- paper-form layers
 
-def _layer_init(kernel_init, bias_init, use_bias, kernel_shape, dtype):
-  """`(methods.Layer, kernel sharding names)` from NNX initializers (metadata unboxed)."""
-  names = _names_of(kernel_init, kernel_shape, dtype)
-  return methods.Layer(_unboxed(kernel_init), _unboxed(bias_init), use_bias), names
-
-
 class _Paper(_Reparameterized):
   """A paper-form layer: its own NNX layer (built here) run with its method."""
 
-  def _build(self, layer, method, rngs, use_running_average, kernel_init=None, bias_init=None,
-             use_bias=True):
-    name = type(self).__name__
-    layer_init, names = _layer_init(kernel_init, bias_init, use_bias, tuple(layer.kernel.shape),
-                                    layer.param_dtype)
-    self._setup(layer, method, name, rngs, use_running_average, layer_init, names)
+  def _build(self, layer, method, rngs, use_running_average):
+    self._setup(layer, method, type(self).__name__, rngs, use_running_average, methods.Layer(),
+                None)
 
 
 class _GmPPaper(_Paper):
@@ -679,90 +659,45 @@ class GmPConv(_GmPPaper):
                                  lam_init, scale_init, glorot_scale))
 
 
-class _ConstrainedPaper(_Paper):
-  """LCW/CWN paper-form layers: the method around a plain NNX layer built from the fields."""
+class _Constrained(Reparam):
+  """A method (`_METHOD`, with `options`) around the NNX layer `_LAYER(*args, **fields)`: the
+  paper-form LCW/CWN classes, with the Flax layer's own fields and semantics."""
 
-  def __call__(self, inputs):
-    """Applies the layer with the method's kernel and bias."""
-    return self._dispatch(inputs, None)
-
-
-def _linear(cls_name, in_features, out_features, use_bias, dtype, param_dtype, precision):
-  _check_sizes(cls_name, in_features, out_features)
-  return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
-                    param_dtype=param_dtype, precision=precision,
-                    kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0))
+  def __init__(self, *args, rngs: nnx.Rngs | None = None, **fields):
+    options = {k: fields.pop(k) for k in self._OPTIONS if k in fields}
+    _check_sizes(type(self).__name__, *args[:2])
+    layer = self._LAYER(*args, rngs=rngs if rngs is not None else nnx.Rngs(0), **fields)
+    super().__init__(layer, self._METHOD, **options)
+    self.in_features, self.out_features = layer.in_features, layer.out_features
 
 
-def _conv(cls_name, in_features, out_features, kernel_size, strides, padding, input_dilation,
-          kernel_dilation, feature_group_count, use_bias, dtype, param_dtype, precision):
-  _check_sizes(cls_name, in_features, out_features)
-  return nnx.Conv(in_features, out_features, _tuple(kernel_size), strides, padding=padding,
-                  input_dilation=input_dilation, kernel_dilation=kernel_dilation,
-                  feature_group_count=feature_group_count, use_bias=use_bias, dtype=dtype,
-                  param_dtype=param_dtype, precision=precision,
-                  kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0))
+class LCWLinear(_Constrained):
+  """`geoparam.LCWDense` (kernel `B v`, columns sum to zero) as an NNX module; state `v`, `bias`.
+
+  `LCWLinear(in_features, out_features, *, rngs=None, **fields)`, `fields` those of
+  `nnx.Linear`; `v` is the coordinates of the zero-sum part of its `kernel_init` draw.
+  """
+  _LAYER, _METHOD, _OPTIONS = nnx.Linear, 'lcw', ()
 
 
-_LECUN = nnx.initializers.lecun_normal()
-_ZEROS = nnx.initializers.zeros
+class LCWConv(_Constrained):
+  """`geoparam.LCWConv` as an NNX module: `LCWConv(in, out, kernel_size, strides=1, *, rngs=None,
+  **fields)`, `fields` those of `nnx.Conv`; state `v (fan_in - 1, out)`, `bias`."""
+  _LAYER, _METHOD, _OPTIONS = nnx.Conv, 'lcw', ()
 
 
-class LCWLinear(_ConstrainedPaper):
-  """`geoparam.LCWDense` (kernel `B v`, columns sum to zero) as an NNX module; state `v`, `bias`."""
+class CWNLinear(_Constrained):
+  """`geoparam.CWNDense` (centred weight normalization) in NNX; `kernel`, `scale`, `bias`.
 
-  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs | None = None,
-               use_bias: bool = True, dtype=None, param_dtype=jnp.float32, precision=None,
-               kernel_init=_LECUN, bias_init=_ZEROS):
-    layer = _linear('LCWLinear', in_features, out_features, use_bias, dtype, param_dtype,
-                    precision)
-    self.in_features, self.out_features = in_features, out_features
-    self._build(layer, methods.get('lcw'), rngs, None, kernel_init, bias_init, use_bias)
+  Fields those of `nnx.Linear`, plus CWN's `scale_init` and `epsilon`.
+  """
+  _LAYER, _METHOD, _OPTIONS = nnx.Linear, 'cwn', ('scale_init', 'epsilon')
 
 
-class LCWConv(_ConstrainedPaper):
-  """`geoparam.LCWConv` as an NNX module; state `v (fan_in - 1, out)`, `bias`."""
-
-  def __init__(self, in_features: int, out_features: int, kernel_size, strides=1, *,
-               rngs: nnx.Rngs | None = None, padding='SAME', input_dilation=1,
-               kernel_dilation=1, feature_group_count: int = 1, use_bias: bool = True,
-               dtype=None, param_dtype=jnp.float32, precision=None, kernel_init=_LECUN,
-               bias_init=_ZEROS):
-    layer = _conv('LCWConv', in_features, out_features, kernel_size, strides, padding,
-                  input_dilation, kernel_dilation, feature_group_count, use_bias, dtype,
-                  param_dtype, precision)
-    self.in_features, self.out_features = in_features, out_features
-    self._build(layer, methods.get('lcw'), rngs, None, kernel_init, bias_init, use_bias)
-
-
-class CWNLinear(_ConstrainedPaper):
-  """`geoparam.CWNDense` (centred weight normalization) in NNX; `kernel`, `scale`, `bias`."""
-
-  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs | None = None,
-               use_bias: bool = True, dtype=None, param_dtype=jnp.float32, precision=None,
-               kernel_init=_LECUN, bias_init=_ZEROS, scale_init=nnx.initializers.ones,
-               epsilon: float = 1e-12):
-    layer = _linear('CWNLinear', in_features, out_features, use_bias, dtype, param_dtype,
-                    precision)
-    self.in_features, self.out_features = in_features, out_features
-    self._build(layer, methods.get('cwn', scale_init=scale_init, epsilon=epsilon), rngs, None,
-                kernel_init, bias_init, use_bias)
-
-
-class CWNConv(_ConstrainedPaper):
-  """`geoparam.CWNConv` as an NNX module; state `kernel`, `scale`, `bias`."""
-
-  def __init__(self, in_features: int, out_features: int, kernel_size, strides=1, *,
-               rngs: nnx.Rngs | None = None, padding='SAME', input_dilation=1,
-               kernel_dilation=1, feature_group_count: int = 1, use_bias: bool = True,
-               dtype=None, param_dtype=jnp.float32, precision=None, kernel_init=_LECUN,
-               bias_init=_ZEROS, scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
-    layer = _conv('CWNConv', in_features, out_features, kernel_size, strides, padding,
-                  input_dilation, kernel_dilation, feature_group_count, use_bias, dtype,
-                  param_dtype, precision)
-    self.in_features, self.out_features = in_features, out_features
-    self._build(layer, methods.get('cwn', scale_init=scale_init, epsilon=epsilon), rngs, None,
-                kernel_init, bias_init, use_bias)
+class CWNConv(_Constrained):
+  """`geoparam.CWNConv` as an NNX module; state `kernel`, `scale`, `bias`. Fields those of
+  `nnx.Conv`, plus CWN's `scale_init` and `epsilon`."""
+  _LAYER, _METHOD, _OPTIONS = nnx.Conv, 'cwn', ('scale_init', 'epsilon')
 
 
 # ----------------------------------------------------------------------------- per-feature modules
