@@ -26,11 +26,9 @@ __all__ = ['weight_norm', 'centered_weight_norm', 'CWNDense', 'CWNConv', 'Standa
 
 Array = jax.Array
 
-default_kernel_init = nn.initializers.lecun_normal()
 
-
-class CWNDense(nn.Module):
-  """Dense layer with centered weight normalization.
+class CWNDense(nn.Dense):
+  """Dense layer with centered weight normalization: `nn.Dense`'s fields, plus CWN's.
 
   Example usage::
 
@@ -40,89 +38,34 @@ class CWNDense(nn.Module):
     >>> jax.tree.map(jnp.shape, params)
     {'bias': (4,), 'kernel': (3, 4), 'scale': (4,)}
 
-  Attributes:
-    features: number of output features.
-    use_bias: whether to add a bias to the output.
-    dtype: the dtype of the computation (default: infer from input and params).
-    param_dtype: the dtype passed to parameter initializers.
-    precision: numerical precision of the computation, see `jax.lax.Precision`.
-    kernel_init: initializer of the unconstrained kernel `(fan_in, features)`.
-    bias_init: initializer for the bias.
-    scale_init: initializer of the gain `g` (ones: unit-norm units).
-    epsilon: added to the squared norm before the square root.
+  The fields are `nn.Dense`'s, plus `scale_init` (the gain `g`'s initializer) and `epsilon`
+  (added to the squared norm before the square root).
   """
 
-  features: int
-  use_bias: bool = True
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  precision: Any = None
-  kernel_init: nn.initializers.Initializer = default_kernel_init
-  bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
   scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
   epsilon: float = 1e-12
-
-  def _method(self) -> methods.Method:
-    return methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
+  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """`(..., fan_in) -> (..., features)`."""
-    dense = nn.Dense(self.features, use_bias=self.use_bias, dtype=self.dtype,
-                     param_dtype=self.param_dtype, precision=self.precision,
-                     kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.call(self, self._method(), dense, inputs)
+    method = methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
+    return wrappers.call(self, method, wrappers.plain(self), inputs)
 
 
-class CWNConv(nn.Module):
-  """Convolution with centered weight normalization (per output channel), `nn.Conv` semantics.
+class CWNConv(nn.Conv):
+  """Convolution with centered weight normalization (per output channel): `nn.Conv`'s fields and
+  semantics, plus CWN's `scale_init` and `epsilon`."""
 
-  Attributes:
-    features: number of convolution filters.
-    kernel_size: shape of the kernel; an int means a 1-D kernel.
-    strides: an int or a sequence of `n` ints.
-    padding: as `nn.Conv` ('SAME', 'VALID', 'CIRCULAR', 'REFLECT', 'CAUSAL', ints, pairs).
-    input_dilation: an int or a sequence of `n` ints.
-    kernel_dilation: an int or a sequence of `n` ints.
-    feature_group_count: number of feature groups.
-    use_bias: whether to add a bias to the output.
-    dtype: the dtype of the computation (default: infer from input and params).
-    param_dtype: the dtype passed to parameter initializers.
-    precision: numerical precision of the computation.
-    kernel_init: initializer of the unconstrained kernel
-      `(*kernel_size, in_features // feature_group_count, features)`.
-    bias_init: initializer for the bias.
-    scale_init: initializer of the gain `g`.
-    epsilon: added to the squared norm before the square root.
-  """
-
-  features: int
-  kernel_size: int | Sequence[int]
-  strides: None | int | Sequence[int] = 1
-  padding: nn.linear.PaddingLike = 'SAME'
-  input_dilation: None | int | Sequence[int] = 1
-  kernel_dilation: None | int | Sequence[int] = 1
-  feature_group_count: int = 1
-  use_bias: bool = True
-  dtype: Any = None
-  param_dtype: Any = jnp.float32
-  precision: Any = None
-  kernel_init: nn.initializers.Initializer = default_kernel_init
-  bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
   scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
   epsilon: float = 1e-12
-
-  _method = CWNDense._method
+  reparameterized = True
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    layer = nn.Conv(self.features, self.kernel_size, strides=self.strides, padding=self.padding,
-                    input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
-                    feature_group_count=self.feature_group_count, use_bias=self.use_bias,
-                    dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
-                    kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.call(self, self._method(), layer, inputs)
+    method = methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
+    return wrappers.call(self, method, wrappers.plain(self), inputs)
 
 
 class StandardizationLayer(nn.Module):

@@ -138,7 +138,10 @@ def register(kind: Kind, *classes: type) -> None:
 
 
 def of(layer) -> Kind | None:
-  """The kind of `layer` (by its class or a base class), or None."""
+  """The kind of `layer` (by its class or a base class), or None (also for geoparam's own
+  reparameterized layers, `LCWDense` and the like: class attribute `reparameterized`)."""
+  if getattr(type(layer), 'reparameterized', False):
+    return None
   for cls in type(layer).__mro__:
     if cls in REGISTRY:
       return REGISTRY[cls]

@@ -13,12 +13,8 @@ draw minus its per-unit mean.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 from geoparam import methods
 from geoparam import wrappers
@@ -27,13 +23,10 @@ from geoparam.methods.lcw import v_from_kernel
 
 __all__ = ['LCWDense', 'LCWConv', 'kernel_from_v', 'v_from_kernel']
 
-Array = jax.Array
-
-default_kernel_init = nn.initializers.lecun_normal()
 
 
-class LCWDense(nn.Module):
-  """A Dense layer with linearly constrained (zero-sum) weights.
+class LCWDense(nn.Dense):
+  """A Dense layer with linearly constrained (zero-sum) weights: `nn.Dense`'s fields and semantics.
 
   Example usage::
 
@@ -44,42 +37,27 @@ class LCWDense(nn.Module):
     >>> jax.tree.map(jnp.shape, params)
     {'bias': (4,), 'v': (2, 4)}
 
-  Attributes:
-    features: the number of output features.
-    use_bias: whether to add a bias to the output.
-    dtype: the dtype of the computation (default: infer from input and params).
-    param_dtype: the dtype passed to parameter initializers.
-    precision: numerical precision of the computation, see `jax.lax.Precision`.
-    kernel_init: initializer of the (unconstrained) kernel `(fan_in, features)`;
-      `v` is the coordinates of its zero-sum part.
-    bias_init: initializer for the bias.
+  The fields are `nn.Dense`'s; `kernel_init` draws the (unconstrained) kernel
+  `(fan_in, features)` and `v` is the coordinates of its zero-sum part.
   """
 
-  features: int
-  use_bias: bool = True
-  dtype: jnp.dtype | None = None
-  param_dtype: jnp.dtype = jnp.float32
-  precision: lax.PrecisionLike = None
-  kernel_init: nn.initializers.Initializer = default_kernel_init
-  bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
 
   @nn.compact
-  def __call__(self, inputs: Array) -> Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Applies `inputs @ B v + bias` along the last axis: `(..., fan_in) -> (..., features)`."""
-    dense = nn.Dense(self.features, use_bias=self.use_bias, dtype=self.dtype,
-                     param_dtype=self.param_dtype, precision=self.precision,
-                     kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.call(self, methods.get('lcw'), dense, inputs)
+    return wrappers.call(self, methods.get('lcw'), wrappers.plain(self), inputs)
 
 
-class LCWConv(nn.Module):
+class LCWConv(nn.Conv):
   """A convolution (any number of spatial dims) with zero-sum kernels per output channel.
 
   Same fields and semantics as `nn.Conv` (channels-last inputs
   `(*batch, *spatial, in_features)`); the kernel is built from `v` and applied
   through `nn.Conv` itself, so padding, strides, dilations and groups behave
   exactly as there. Each output channel's `K_1 x ... x K_d x (in_features //
-  feature_group_count)` kernel sums to zero.
+  feature_group_count)` kernel sums to zero; `kernel_init` draws the unconstrained
+  kernel and `v` is the coordinates of its per-channel zero-sum part.
 
   Example usage::
 
@@ -89,47 +67,11 @@ class LCWConv(nn.Module):
     >>> params = layer.init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))['params']
     >>> jax.tree.map(jnp.shape, params)
     {'bias': (8,), 'v': (17, 8)}
-
-  Attributes:
-    features: number of convolution filters (output channels).
-    kernel_size: shape of the kernel; an int means a 1-D kernel, as in `nn.Conv`.
-    strides: an int or a sequence of `n` ints, the inter-window strides.
-    padding: 'SAME', 'VALID', 'CIRCULAR', 'REFLECT', 'CAUSAL', an int, or a
-      sequence of `n` `(low, high)` pairs, as in `nn.Conv`.
-    input_dilation: an int or a sequence of `n` ints (transposed-conv style).
-    kernel_dilation: an int or a sequence of `n` ints (atrous convolution).
-    feature_group_count: number of feature groups (depthwise when equal to
-      `in_features`).
-    use_bias: whether to add a bias to the output.
-    dtype: the dtype of the computation (default: infer from input and params).
-    param_dtype: the dtype passed to parameter initializers.
-    precision: numerical precision of the computation, see `jax.lax.Precision`.
-    kernel_init: initializer of the (unconstrained) kernel
-      `(*kernel_size, in_features // feature_group_count, features)`; `v` is the
-      coordinates of its per-channel zero-sum part.
-    bias_init: initializer for the bias.
   """
 
-  features: int
-  kernel_size: int | Sequence[int]
-  strides: None | int | Sequence[int] = 1
-  padding: nn.linear.PaddingLike = 'SAME'
-  input_dilation: None | int | Sequence[int] = 1
-  kernel_dilation: None | int | Sequence[int] = 1
-  feature_group_count: int = 1
-  use_bias: bool = True
-  dtype: jnp.dtype | None = None
-  param_dtype: jnp.dtype = jnp.float32
-  precision: lax.PrecisionLike = None
-  kernel_init: nn.initializers.Initializer = default_kernel_init
-  bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+  reparameterized = True
 
   @nn.compact
-  def __call__(self, inputs: Array) -> Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    layer = nn.Conv(self.features, self.kernel_size, strides=self.strides, padding=self.padding,
-                    input_dilation=self.input_dilation, kernel_dilation=self.kernel_dilation,
-                    feature_group_count=self.feature_group_count, use_bias=self.use_bias,
-                    dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
-                    kernel_init=self.kernel_init, bias_init=self.bias_init, parent=None)
-    return wrappers.call(self, methods.get('lcw'), layer, inputs)
+    return wrappers.call(self, methods.get('lcw'), wrappers.plain(self), inputs)

@@ -47,9 +47,7 @@ __all__ = [
 # the gain. GmP layers are deliberately absent: their pre-activation `u^T x + lam`
 # has a unit direction and no free scale, and `scale` multiplies the
 # post-activation, so the init leaves GmP layers unchanged (identity).
-SCALED_PARAMS: dict[type, str] = {
-    nn.Dense: 'kernel',
-    nn.Conv: 'kernel',
+SCALED_PARAMS: dict[type, str] = {  # subclasses first: LCWDense is an nn.Dense
     LCWDense: 'v',
     LCWConv: 'v',
     CWNDense: 'scale',
@@ -57,6 +55,8 @@ SCALED_PARAMS: dict[type, str] = {
     wrappers.LCW: 'v',
     wrappers.CWN: 'scale',
     wrappers.WN: 'scale',
+    nn.Dense: 'kernel',
+    nn.Conv: 'kernel',
 }
 
 

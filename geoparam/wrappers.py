@@ -54,7 +54,7 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.linen.layers import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer',
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer', 'plain',
            'tap_mask', 'imn_bias']
 
 Initializer = Callable[..., jax.Array]
@@ -97,6 +97,13 @@ def layout_of(layer, inputs_shape, name) -> kinds.Layout:
     return kind.layout(layer, tuple(inputs_shape))
   except ValueError as e:
     raise ValueError(f'{name}: {e}') from None
+
+
+def plain(layer: nn.Module) -> nn.Module:
+  """The registered Flax layer (unbound) with `layer`'s fields: the `nn.Dense` of an `LCWDense`."""
+  base = next(c for c in type(layer).__mro__[1:] if c in kinds.REGISTRY)
+  return base(**{f.name: getattr(layer, f.name) for f in dataclasses.fields(base)
+                 if f.init and f.name not in ('parent', 'name')}, parent=None)
 
 
 def run_layer(layer: nn.Module, kernel: jax.Array, bias: jax.Array | None, inputs):
