@@ -413,9 +413,9 @@ def test_cli_names_a_data_file_that_is_not_utf8_text(tmp_path):
 
 def test_imn_momentum_and_axis_name_of_the_wrong_type_are_named():
   model = nn.Dense(3)
-  with pytest.raises(ValueError, match=r"momentum must be a number in \[0, 1\], got '0.9'"):
+  with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(a number\), got '0.9'"):
     geoparam.reparameterize(model, 'gmp_imn', momentum='0.9')
-  with pytest.raises(ValueError, match='momentum must be a number'):
+  with pytest.raises(ValueError, match=r'momentum must be in \[0, 1\] \(a number\)'):
     geoparam.methods.with_imn('gmp', momentum=True)
   with pytest.raises(TypeError, match='axis_name must be None or the name'):
     geoparam.methods.get('gmp_imn', axis_name=0)

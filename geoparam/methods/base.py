@@ -156,7 +156,7 @@ def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None
                     f'{method!r:.80} of type {type(method).__name__}.')
   if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) or not (
       0.0 <= momentum <= 1.0):
-    raise ValueError(f'momentum must be a number in [0, 1], got {momentum!r}.')
+    raise ValueError(f'momentum must be in [0, 1] (a number), got {momentum!r}.')
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f'axis_name must be None or the name (str) of a mapped axis, got '
                     f'{axis_name!r}.')
