@@ -121,3 +121,12 @@ def _serve(tmp):
 if __name__ == '__main__':
   sys.path.insert(0, ROOT)
   _serve(sys.argv[1])
+
+
+def assert_refused(proc, says):
+  """A refused setting: rc 2, one line `experiments.main: ...` holding `says`, no traceback."""
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0].startswith('experiments.main: ') and says in lines[0], lines[0]
+  assert 'Traceback' not in proc.stderr and proc.stdout == ''

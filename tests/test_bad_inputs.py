@@ -15,11 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import PartitionSpec as P
+import pytest
 
 import geoparam
 from geoparam import methods
+from tests import cli_fork
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -303,13 +304,7 @@ def run_main(args, timeout=300):
                         capture_output=True, text=True, timeout=timeout)
 
 
-def assert_refused(proc, says):
-  """What tests/test_cli.py asserts of a refused setting: rc 2, one line, no traceback."""
-  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1, proc.stderr[-2000:]
-  assert lines[0].startswith('experiments.main: ') and says in lines[0], lines[0]
-  assert 'Traceback' not in proc.stderr and proc.stdout == ''
+assert_refused = cli_fork.assert_refused  # what tests/test_cli.py asserts
 
 
 def _archive(folder, cut=None, flip=None):

@@ -92,12 +92,7 @@ def run_main(args):
   return cli_fork.run_main(args)
 
 
-def assert_refused(proc, says):
-  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1, proc.stderr[-2000:]
-  assert lines[0].startswith('experiments.main: ') and says in lines[0], lines[0]
-  assert 'Traceback' not in proc.stderr and proc.stdout == ''
+assert_refused = cli_fork.assert_refused
 
 
 @pytest.mark.parametrize('args, says', BAD_SETTINGS, ids=[' '.join(a[1:]) or a[0]
