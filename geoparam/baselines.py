@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax

@@ -18,7 +18,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
 _bypass = threading.local()

@@ -54,8 +54,8 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.linen.layers import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer', 'plain',
-           'tap_mask', 'imn_bias']
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer',
+           'plain', 'tap_mask', 'imn_bias']
 
 Initializer = Callable[..., jax.Array]
 
@@ -131,7 +131,6 @@ def _probe(layer, kernel_size, taps):
                       param_dtype=jnp.float32, precision=lax.Precision.HIGHEST,
                       kernel_init=nn.initializers.zeros)
   return lambda kernel, ones: probe.apply({'params': {'kernel': kernel}}, ones)
-
 
 
 def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,

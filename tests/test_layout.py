@@ -1,4 +1,4 @@
-"""The library's shape: the core and the NNX shell import no linen; methods import no Flax framework."""
+"""The library's shape: the core and the NNX shell import no linen; the methods no Flax framework."""
 
 import ast
 import pathlib

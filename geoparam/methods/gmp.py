@@ -41,8 +41,8 @@ from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam.methods import base
 
-__all__ = ['gmp', 'gmp_imn', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel', 'from_dense_traced',
-           'from_dense', 'to_dense', 'columns']
+__all__ = ['gmp', 'gmp_imn', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel',
+           'from_dense_traced', 'from_dense', 'to_dense', 'columns']
 
 INITIALIZATIONS = ('paper', 'layer')
 
