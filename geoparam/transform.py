@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping
 import dataclasses
 import inspect
 import math
+import re
 from typing import Any
 
 import flax
@@ -66,13 +67,21 @@ from geoparam import methods
 from geoparam import selection
 from geoparam import wrappers
 
-__all__ = ['Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake']
+__all__ = ['ReparamParamNotFoundError', 'Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake']
 
 Where = Callable[[nn.Module, tuple[str, ...]], bool]
 
 
 def _inputs(args, kwargs):
   return args[0] if args else next(iter(kwargs.values()))
+
+
+class ReparamParamNotFoundError(flax.errors.ScopeParamNotFoundError):
+  """Flax's `ScopeParamNotFoundError` with geoparam's hint: `Reparameterized.apply` was given
+  variables without the method's params (typically the plain model's)."""
+
+  def __init__(self, message):  # pylint: disable=super-init-not-called
+    flax.errors.FlaxError.__init__(self, message)  # pylint: disable=non-parent-init-called
 
 
 class Reparameterized(nn.Module):
@@ -143,8 +152,44 @@ class Reparameterized(nn.Module):
 
   @nn.nowrap
   def apply(self, variables, *args, method=None, **kwargs):
-    """`nn.Module.apply`; `method` may name or be a method of the user's model (see above)."""
-    return super().apply(variables, *args, method=self._resolve(method), **kwargs)
+    """`nn.Module.apply`; `method` may name or be a method of the user's model (see above).
+
+    A variable of the method missing from `variables` (the plain model's variables given to
+    `rp`) raises `ScopeParamNotFoundError` with a hint: convert them with `to_reparameterized`.
+    """
+    try:
+      return super().apply(variables, *args, method=self._resolve(method), **kwargs)
+    except flax.errors.ScopeParamNotFoundError as e:
+      hint = self._missing_param_hint(variables, str(e))
+      if hint is None:
+        raise
+      raise ReparamParamNotFoundError(f'{e} {hint}') from None
+
+  @nn.nowrap
+  def _missing_param_hint(self, variables, message: str) -> str | None:
+    """What to do when `apply` misses one of the method's params, or None (not the method's)."""
+    found = re.search(r'parameter named "([^"]+)" in scope "([^"]*)"', message)
+    if found is None:
+      return None
+    name, path = found.group(1), tuple(p for p in found.group(2).split('/') if p)
+    method = self.get_method()
+    ours = set()
+    for shape in ((1, 2), (3, 2)):  # fan-in 1 adds GmP's `sign`
+      for use_bias in (True, False):
+        ours |= set(method.params(shape, methods.Layer(use_bias=use_bias), lambda: None))
+    if name not in ours:
+      return None
+    held = _lookup(variables, 'params', path)
+    held = sorted(held) if isinstance(held, Mapping) else None
+    plain = held is not None and set(held) <= {'kernel', 'bias'}
+    return (f'geoparam: {type(self.module).__name__}\'s layer {_name(path)} is reparameterized '
+            f'by {method.name!r}, which reads params/{_name(path) if path else ""}'
+            f'{"/" if path else ""}{name}, but the variables hold '
+            + (f'{held} there' if held is not None else 'no params there')
+            + (" (the plain model's)" if plain else '') + '. Convert the plain model\'s '
+            'variables (model.init\'s or trained) first: variables = '
+            'geoparam.to_reparameterized(rp, plain_variables, *example_inputs); for new ones '
+            'use rp.init.')
 
   @nn.nowrap
   def init_with_output(self, rngs, *args, method=None, **kwargs):
@@ -526,6 +571,8 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
                                for k, v in stored.items()})
     if mean is not None:
       _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
+  if variables.get('batch_stats') and not new.get('batch_stats', True):
+    del new['batch_stats']  # the dropped BatchNorms' statistics were all it held (as rp.init)
   return new
 
 

@@ -419,3 +419,83 @@ def test_imn_momentum_and_axis_name_of_the_wrong_type_are_named():
 def test_use_running_average_with_a_method_without_imn_is_refused():
   with pytest.raises(ValueError, match="method 'gmp' has no IMN"):
     geoparam.reparameterize(nn.Dense(3), 'gmp', use_running_average=True)
+
+
+# ----------------------------------------------------------------------------- the second sweep
+
+class _DenseBN(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.BatchNorm(use_running_average=True, name='bn')(nn.Dense(8, name='hidden')(x))
+    return nn.Dense(2, name='head')(nn.relu(x))
+
+
+def test_dropping_the_only_batchnorm_leaves_no_empty_batch_stats():
+  """Was `batch_stats: {}` after to_reparameterized: rp.init (like Flax) makes no empty
+  collection, and the NNX model holds no BatchStat then either."""
+  model, x = _DenseBN(), jnp.ones((4, 3))
+  sp = model.init(jax.random.key(0), x)
+  for method, collections in (('gmp', ['params']), ('gmp_imn', ['batch_stats', 'params'])):
+    rp = geoparam.reparameterize(model, method, exclude=['head'], drop_batchnorm=True)
+    new = geoparam.to_reparameterized(rp, sp, x)
+    assert sorted(new) == collections
+    assert jax.tree.structure(new) == jax.tree.structure(rp.init(jax.random.key(0), x))
+    np.testing.assert_allclose(rp.apply(new, x), model.apply(sp, x), atol=1e-5)
+    baked = geoparam.bake(rp, new, x)  # the BatchNorm's statistics come back
+    assert jax.tree.structure(baked) == jax.tree.structure(sp)
+
+
+def test_apply_with_the_plain_variables_points_to_to_reparameterized():
+  """Was Flax's bare 'Could not find parameter named "theta" in scope "/hidden"'."""
+  from flax.errors import ScopeParamNotFoundError
+  model, x = _MLP(), jnp.ones((4, 3))
+  sp = model.init(jax.random.key(0), x)
+  rp = geoparam.reparameterize(model, 'gmp', exclude=['head'])
+  with pytest.raises(ScopeParamNotFoundError,  # still Flax's error type
+                     match=r'parameter named "theta" in scope "/hidden".* geoparam: _MLP.s layer '
+                           r"hidden is reparameterized by 'gmp', which reads params/hidden/theta, "
+                           r"but the variables hold \['bias', 'kernel'\] there \(the plain "
+                           r"model's\)\. .*geoparam.to_reparameterized\(rp, plain_variables"):
+    rp.apply(sp, x)
+  layer = nn.Dense(4)  # a one-layer model: the root's params
+  one = geoparam.reparameterize(layer, 'lcw')
+  with pytest.raises(ScopeParamNotFoundError, match=r"layer <root> .* reads params/v, .*"
+                                                    'to_reparameterized'):
+    one.apply(layer.init(jax.random.key(0), x), x)
+
+
+def test_cli_refuses_a_seed_numpy_cannot_take(tmp_path):
+  """Was accepted by --dry_run, then a traceback from NumPy's RandomState in the run (rc 1, a
+  workdir left)."""
+  from experiments import main as main_lib
+  from experiments.configs import validate
+  config = main_lib._load_config(os.path.join(ROOT, 'experiments/configs/levy_1d.py:smoke'))
+  config.seed = 2**32
+  with pytest.raises(validate.ConfigError, match=r'--config.seed=4294967296: must be an int >= 0 '
+                                                 r'and <= 4294967295'):
+    main_lib.check(config, str(tmp_path / 'run'))
+  config.seed = 2**32 - 1
+  main_lib.check(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+def test_cli_refuses_a_batch_larger_than_the_training_set_before_the_run(tmp_path):
+  """Was accepted by --dry_run, then refused after loading the data (traceback, rc 1, workdir
+  left)."""
+  from experiments import main as main_lib
+  from experiments.configs import validate
+  _archive(tmp_path)
+  config = main_lib._load_config(os.path.join(ROOT, 'experiments/configs/cifar10_cnn.py:smoke'))
+  config.data_dir = str(tmp_path)
+  config.batch_size = 100_000
+  with pytest.raises(validate.ConfigError, match=r'--config.batch_size=100000: must be at most '
+                                                 r'50000, the training examples of cifar10_jpeg'):
+    main_lib.check(config, str(tmp_path / 'run'))
+  config.batch_size, config.train_examples = 128, 100
+  with pytest.raises(validate.ConfigError, match=r'--config.batch_size=128: must be at most 100, '
+                                                 r'--config.train_examples=100'):
+    main_lib.check(config, str(tmp_path / 'run'))
+  config.train_examples = 128
+  main_lib.check(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
