@@ -270,7 +270,7 @@ RULES: dict[str, Callable] = {
   'num_epochs': AT_LEAST_ONE,
   'batch_size': AT_LEAST_ONE,
   'eval_batch_size': AT_LEAST_ONE,
-  'seed': COUNT,
+  'seed': integer(0, 2**32 - 1),  # NumPy's RandomState (Levy, Banana) takes no more
   'num_seeds': AT_LEAST_ONE,
   'float64': boolean,
   'plots': boolean,
@@ -367,20 +367,24 @@ def check_vision_data(config) -> None:
   from experiments.vision import sources  # pylint: disable=g-import-not-at-top
 
   name, data_dir = config.get('dataset'), config.get('data_dir')
+  train_count = None  # the training split's examples, where known before the run
   try:
     if name == 'cifar10_jpeg':
       check_cifar10(data_dir, config.get('download', False), config.get('cache_dir'))
+      train_count = CIFAR10_TRAIN
     elif name == 'image_folder':
       root = sources.resolve_data_dir(data_dir)
       if not root:
         raise ValueError('dataset image_folder needs a folder holding train/<class>/*.jpg and '
                          'val/<class>/*.jpg: set --config.data_dir (or GEOPARAM_DATA_DIR).')
-      sources.image_folder_splits(root)
+      train_count = len(sources.image_folder_splits(root)[0])
     elif name in sources.TFDS_DATASETS:
       train_split, eval_split, _ = sources.TFDS_DATASETS[name]
       check_tfds_prepared(name, sources.resolve_data_dir(data_dir))
       for split in (train_split, eval_split):
-        sources.load_tfds(name, split, data_dir)
+        source = sources.load_tfds(name, split, data_dir)
+        if split == train_split:
+          train_count = len(source)
   except ConfigError:
     raise
   except ImportError as e:
@@ -389,6 +393,25 @@ def check_vision_data(config) -> None:
   except (OSError, ValueError) as e:
     message = ' '.join(str(e).split())  # a wrapped TFDS error may span lines
     raise ConfigError(f'--config.data_dir={data_dir}: {message}') from None
+  check_batch_fits(config, train_count)
+
+
+CIFAR10_TRAIN = 50_000  # the training examples of CIFAR-10 (both archives)
+
+
+def check_batch_fits(config, train_count: int | None) -> None:
+  """Raises `ConfigError` when `batch_size` exceeds the training examples (the run would refuse
+  it after loading the data: an epoch needs one full batch)."""
+  if train_count is None:
+    return
+  subset = config.get('train_examples') or 0
+  n = min(subset, train_count) if subset else train_count
+  batch = config.get('batch_size')
+  if _is_int(batch) and batch > n:
+    of = (f'--config.train_examples={subset}' if subset and subset < train_count else
+          f'the training examples of {config.get("dataset")}')
+    raise ConfigError(f'--config.batch_size={batch}: must be at most {n}, {of} (an epoch needs '
+                      'one full batch).')
 
 
 def check_tfds_prepared(name: str, root: str | None) -> None:
