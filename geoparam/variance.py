@@ -61,8 +61,9 @@ SCALED_PARAMS: dict[type, str] = {  # subclasses first: LCWDense is an nn.Dense
 
 
 def _layer_type(module, types) -> type | None:
+  own = getattr(module, 'reparameterized', False)  # GmPDense is an nn.Dense, with no kernel
   for t in types:
-    if isinstance(module, t):
+    if isinstance(module, t) and (not own or getattr(t, 'reparameterized', False)):
       return t
   return None
 
