@@ -67,7 +67,8 @@ from geoparam import methods
 from geoparam import selection
 from geoparam import wrappers
 
-__all__ = ['ReparamParamNotFoundError', 'Reparameterized', 'reparameterize', 'selected', 'to_reparameterized', 'bake']
+__all__ = ['ReparamParamNotFoundError', 'Reparameterized', 'reparameterize', 'selected',
+           'to_reparameterized', 'bake']
 
 Where = Callable[[nn.Module, tuple[str, ...]], bool]
 
@@ -160,36 +161,16 @@ class Reparameterized(nn.Module):
     try:
       return super().apply(variables, *args, method=self._resolve(method), **kwargs)
     except flax.errors.ScopeParamNotFoundError as e:
-      hint = self._missing_param_hint(variables, str(e))
-      if hint is None:
+      scope = re.search(r'in scope "([^"]*)"', str(e))
+      path = tuple(p for p in scope.group(1).split('/') if p) if scope else None
+      held = _lookup(variables, 'params', path) if scope else None
+      if not isinstance(held, Mapping) or 'kernel' not in held:
         raise
-      raise ReparamParamNotFoundError(f'{e} {hint}') from None
-
-  @nn.nowrap
-  def _missing_param_hint(self, variables, message: str) -> str | None:
-    """What to do when `apply` misses one of the method's params, or None (not the method's)."""
-    found = re.search(r'parameter named "([^"]+)" in scope "([^"]*)"', message)
-    if found is None:
-      return None
-    name, path = found.group(1), tuple(p for p in found.group(2).split('/') if p)
-    method = self.get_method()
-    ours = set()
-    for shape in ((1, 2), (3, 2)):  # fan-in 1 adds GmP's `sign`
-      for use_bias in (True, False):
-        ours |= set(method.params(shape, methods.Layer(use_bias=use_bias), lambda: None))
-    if name not in ours:
-      return None
-    held = _lookup(variables, 'params', path)
-    held = sorted(held) if isinstance(held, Mapping) else None
-    plain = held is not None and set(held) <= {'kernel', 'bias'}
-    return (f'geoparam: {type(self.module).__name__}\'s layer {_name(path)} is reparameterized '
-            f'by {method.name!r}, which reads params/{_name(path) if path else ""}'
-            f'{"/" if path else ""}{name}, but the variables hold '
-            + (f'{held} there' if held is not None else 'no params there')
-            + (" (the plain model's)" if plain else '') + '. Convert the plain model\'s '
-            'variables (model.init\'s or trained) first: variables = '
-            'geoparam.to_reparameterized(rp, plain_variables, *example_inputs); for new ones '
-            'use rp.init.')
+      raise ReparamParamNotFoundError(
+          f"{e} geoparam: {type(self.module).__name__}'s layer {_name(path)} is reparameterized "
+          f"by {self.get_method().name!r}, but the variables hold {sorted(held)} there (the "
+          "plain model's): convert them first, variables = geoparam.to_reparameterized(rp, "
+          'plain_variables, *example_inputs) (new ones: rp.init).') from None
 
   @nn.nowrap
   def init_with_output(self, rngs, *args, method=None, **kwargs):
