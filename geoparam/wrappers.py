@@ -463,6 +463,9 @@ class GmP(_Wrapper):
   def get_method(self) -> methods.Method:
     options = dict(initialization=self.initialization, theta_init=self.theta_init,
                    lam_init=self.lam_init, scale_init=self.scale_init)
+    if not isinstance(self.input_mean_norm, bool):
+      raise TypeError(f'GmP: input_mean_norm must be True or False, got {self.input_mean_norm!r}.')
+    methods.with_imn('gmp', self.momentum)  # checks momentum, with IMN or without
     if self.input_mean_norm:
       return methods.get('gmp_imn', momentum=self.momentum, axis_name=self.axis_name, **options)
     return methods.get('gmp', **options)

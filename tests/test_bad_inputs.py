@@ -499,3 +499,21 @@ def test_cli_refuses_a_batch_larger_than_the_training_set_before_the_run(tmp_pat
   config.train_examples = 128
   main_lib.check(config, str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('make', [
+    lambda **kw: geoparam.GmPDense(4, **kw),
+    lambda **kw: geoparam.GmPConv(4, (3,), **kw),
+    lambda **kw: geoparam.GmP(nn.Dense(4), **kw),
+])
+def test_linen_gmp_flags_and_momentum_are_checked_not_truthy_or_ignored(make):
+  """Were silent: input_mean_norm='yes' (or glorot_scale='yes') turned IMN on by truthiness, and
+  momentum=5.0 without IMN was ignored."""
+  x = jnp.ones((2, 5, 3))
+  with pytest.raises(TypeError, match=r"input_mean_norm must be True or False, got 'yes'"):
+    make(input_mean_norm='yes').init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r'momentum must be in \[0, 1\] \(a number\), got 5.0'):
+    make(momentum=5.0).init(jax.random.key(0), x)
+  if not isinstance(make(), geoparam.GmP):
+    with pytest.raises(TypeError, match=r"glorot_scale must be True or False, got 'yes'"):
+      make(glorot_scale='yes').init(jax.random.key(0), x)
