@@ -81,6 +81,9 @@ def _describe(holder: nn.Module, layer: nn.Module | None = None) -> str:
 
 
 def _kind(layer, name) -> kinds.Kind:
+  if not isinstance(layer, nn.Module):
+    raise TypeError(f'{name}: takes a flax.linen layer, got a {type(layer).__module__}.'
+                    f'{type(layer).__name__} (an NNX layer takes geoparam.nnx.Reparam).')
   kind = kinds.of(layer)
   if kind is None or kind.refused:
     accepted = [c.__name__ for c, k in kinds.REGISTRY.items()

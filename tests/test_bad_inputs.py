@@ -517,3 +517,12 @@ def test_linen_gmp_flags_and_momentum_are_checked_not_truthy_or_ignored(make):
   if not isinstance(make(), geoparam.GmP):
     with pytest.raises(TypeError, match=r"glorot_scale must be True or False, got 'yes'"):
       make(glorot_scale='yes').init(jax.random.key(0), x)
+
+
+def test_linen_wrapper_given_an_nnx_layer_names_the_nnx_one():
+  """Was AttributeError: 'Linear' object has no attribute 'clone'."""
+  from flax import nnx
+  layer = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match=r'takes a flax.linen layer, got a flax.nnx.*Linear .*'
+                                      r'geoparam.nnx.Reparam'):
+    geoparam.Reparam(layer, 'gmp').init(jax.random.key(0), jnp.ones((2, 3)))
