@@ -475,8 +475,16 @@ def _static_int(name, value) -> int:
 
 
 class BoundarySnapshot(NamedTuple):
-  location: jax.Array  # (features, fan_in) phi; stacked: (steps, features, fan_in)
-  direction: jax.Array  # (features, fan_in) unit normal u; stacked likewise
+  """One layer's boundaries (`snapshot`); `scan_tracked` stacks them over steps.
+
+  Attributes:
+    location: `(features, fan_in)`, each unit's location `phi` (`boundary_location`);
+      stacked: `(steps, features, fan_in)`.
+    direction: `(features, fan_in)`, each unit's unit normal `u` (`boundary_direction`);
+      stacked likewise.
+  """
+  location: jax.Array
+  direction: jax.Array
 
 
 def snapshot(params: Mapping[str, Any], kind: str) -> BoundarySnapshot:

@@ -46,10 +46,18 @@ _MODES = ('min', 'max')
 
 
 class PlateauState(NamedTuple):
-  lr: jax.Array  # () float32, current learning rate
-  best: jax.Array  # () float32, best metric seen
-  wait: jax.Array  # () int32, epochs since the last improvement
-  cooldown_counter: jax.Array  # () int32
+  """The state of `reduce_on_plateau`: scalar arrays (one more axis per `vmap`).
+
+  Attributes:
+    lr: `()` float32, the current learning rate.
+    best: `()` float32, the best metric seen.
+    wait: `()` int32, epochs since the last improvement.
+    cooldown_counter: `()` int32, cooldown epochs left.
+  """
+  lr: jax.Array
+  best: jax.Array
+  wait: jax.Array
+  cooldown_counter: jax.Array
 
   @property
   def scale(self) -> jax.Array:
@@ -58,12 +66,22 @@ class PlateauState(NamedTuple):
 
 
 class EarlyStoppingState(NamedTuple):
-  best: jax.Array  # () float32, best metric seen
-  wait: jax.Array  # () int32
-  epoch: jax.Array  # () int32, number of updates seen
-  best_epoch: jax.Array  # () int32, epoch index of the best metric (-1 before any)
-  improved: jax.Array  # () bool, whether the LAST update improved (save weights then)
-  stop: jax.Array  # () bool, training should stop (sticky)
+  """The state of `early_stopping`: scalar arrays (one more axis per `vmap`).
+
+  Attributes:
+    best: `()` float32, the best metric seen.
+    wait: `()` int32, epochs since the last improvement.
+    epoch: `()` int32, the number of updates seen.
+    best_epoch: `()` int32, the epoch index of the best metric (-1 before any).
+    improved: `()` bool, whether the LAST update improved (save the weights then).
+    stop: `()` bool, whether training should stop (sticky once set).
+  """
+  best: jax.Array
+  wait: jax.Array
+  epoch: jax.Array
+  best_epoch: jax.Array
+  improved: jax.Array
+  stop: jax.Array
 
   @property
   def should_stop(self) -> jax.Array:
@@ -272,8 +290,14 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
 
 
 class DecayState(NamedTuple):
-  lr: jax.Array  # () float32, current learning rate
-  epoch: jax.Array  # () int32, number of updates seen
+  """The state of `per_epoch_decay`: scalar arrays (one more axis per `vmap`).
+
+  Attributes:
+    lr: `()` float32, the current learning rate.
+    epoch: `()` int32, the number of updates seen.
+  """
+  lr: jax.Array
+  epoch: jax.Array
 
   @property
   def scale(self) -> jax.Array:

@@ -177,14 +177,24 @@ def data_dependent_init(
 
 
 class LayerStats(NamedTuple):
-  """Statistics of one layer's pre-activation `z` and of `dL/dz` on a batch."""
-  name: str           # the layer's path, e.g. 'Dense_3'
-  mean: float         # pooled mean of z
-  var: float          # pooled variance of z
-  grad_mean: float    # pooled mean of dL/dz
-  grad_var: float     # pooled variance of dL/dz
-  shift: float        # activation shift: std over units of unit means / mean unit std
-  unit_means: np.ndarray  # (units,), mean of z per unit (last axis)
+  """Statistics of one layer's pre-activation `z` and of `dL/dz` on a batch.
+
+  Attributes:
+    name: the layer's path, e.g. `'Dense_3'`.
+    mean: the pooled mean of `z`.
+    var: the pooled variance of `z`.
+    grad_mean: the pooled mean of `dL/dz`.
+    grad_var: the pooled variance of `dL/dz`.
+    shift: the activation shift, `activation_shift(z)`.
+    unit_means: `(units,)`, the mean of `z` per unit (last axis).
+  """
+  name: str
+  mean: float
+  var: float
+  grad_mean: float
+  grad_var: float
+  shift: float
+  unit_means: np.ndarray
 
 
 def activation_shift(z: Any) -> float:
