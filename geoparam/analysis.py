@@ -67,7 +67,6 @@ All functions are pure and jit/vmap friendly; inside `lax.scan` use
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-import operator
 from typing import Any, NamedTuple
 
 import jax
@@ -180,10 +179,11 @@ def _per_feature(value, name, kernel, kind) -> jax.Array:
                  '(one entry per feature)', kind, kernel.dtype)
 
 
-def _bias(params, key, kernel, kind, name=None) -> jax.Array:
+def _bias(params, key, kernel, kind, name=None, default=0.0) -> jax.Array:
+  """The per-unit entry `params[key]` (`name` in messages), `default` where it is absent."""
   _need(params, (), kind)
   if params.get(key) is None:
-    return jnp.zeros(kernel.shape[1:], kernel.dtype)
+    return jnp.full(kernel.shape[1:], default, kernel.dtype)
   return _per_feature(params[key], name or key, kernel, kind)
 
 
@@ -222,8 +222,7 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
   if eps.ndim != 0:
     raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
-  gamma = _bias(bn, 'scale', w, kind, 'bn/scale') if bn.get('scale') is not None else (
-      jnp.ones_like(b))
+  gamma = _bias(bn, 'scale', w, kind, 'bn/scale', default=1.0)
   beta = _bias(bn, 'bias', w, kind, 'bn/bias')
   mean = _per_feature(stats['mean'], 'batch_stats/mean', w, kind)
   var = _per_feature(stats['var'], 'batch_stats/var', w, kind)
@@ -438,12 +437,10 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
     trainable = tuple((k,) for k, p in spec.items() if not p.fixed)
   else:
     trainable = _TRAINABLE[kind]
-  for path in trainable:
-    node = out
-    for key in path[:-1]:
-      node = node.get(key) if isinstance(node, Mapping) else None
-    if isinstance(node, Mapping) and node.get(path[-1]) is not None:
-      node[path[-1]] = jnp.asarray(node[path[-1]]) + eps
+  for *outer, key in trainable:  # a path of one or two keys
+    node = out.get(outer[0]) if outer else out
+    if isinstance(node, Mapping) and node.get(key) is not None:
+      node[key] = jnp.asarray(node[key]) + eps
       touched += 1
   if not touched:
     raise ValueError(f'no trainable entries of kind={kind!r} found in keys {sorted(params)}.')
@@ -460,18 +457,6 @@ def batch_statistics(pre_activations: jax.Array) -> dict[str, jax.Array]:
   if h.ndim != 2:
     raise ValueError(f'expected pre-activations of shape (batch, features), got {h.shape}.')
   return {'mean': jnp.mean(h, axis=0), 'var': jnp.var(h, axis=0)}
-
-
-def _static_int(name, value) -> int:
-  """A Python or NumPy integer (not bool, float or str) as an int."""
-  if not isinstance(value, (bool, np.bool_)):
-    try:
-      return operator.index(value)
-    except TypeError:
-      pass
-  raise TypeError(
-      f'{name} must be an int (a Python or NumPy integer; not bool, float or str), got '
-      f'{value!r} of type {type(value).__name__}.')
 
 
 class BoundarySnapshot(NamedTuple):
@@ -517,8 +502,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     `max_angle_change`. Everything stays inside one traced scan (jit-able).
   """
   _check_kind(kind)
-  every = _static_int('every', every)
-  length = None if length is None else _static_int('length', length)
+  every = schedules.check_count('every', every)
+  length = None if length is None else schedules.check_count('length', length)
   if xs is not None:
     n = jax.tree.leaves(xs)[0].shape[0]
     if length is not None and length != n:

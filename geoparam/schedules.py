@@ -102,8 +102,9 @@ def _check_mode(mode):
     raise ValueError(f'mode must be one of {_MODES}, got {mode!r}.')
 
 
-def _check_count(name, value):
-  """An epoch count: a Python or NumPy integer in [0, 2**31 - 1] (no bool, float or str)."""
+def check_count(name: str, value) -> int:
+  """A count (epochs, steps) as an int: a Python or NumPy integer in [0, 2**31 - 1] (no bool,
+  float or str; else TypeError or ValueError naming `name`). Shared with `geoparam.analysis`."""
   if isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value) != 0:
     index = None
   else:
@@ -117,6 +118,7 @@ def _check_count(name, value):
         f'got {value!r} of type {type(value).__name__}.')
   if not 0 <= index <= _INT32_MAX:
     raise ValueError(f'{name} must be an integer in [0, {_INT32_MAX}], got {name} = {index}.')
+  return index
 
 
 def _check_real(name, value, accepted, ok):
@@ -226,8 +228,8 @@ def reduce_on_plateau(
   """
   _check_mode(mode)
   _check_real('factor', factor, 'in the range (0, 1)', lambda x: 0.0 < x < 1.0)
-  _check_count('patience', patience)
-  _check_count('cooldown', cooldown)
+  check_count('patience', patience)
+  check_count('cooldown', cooldown)
   _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
   _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
@@ -264,7 +266,7 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
   `state.stop` is sticky once set. A NaN metric never improves.
   """
   _check_mode(mode)
-  _check_count('patience', patience)
+  check_count('patience', patience)
   _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
 
   def init() -> EarlyStoppingState:
