@@ -17,7 +17,9 @@ spatial positions and units), like the per-layer boxplots of 003 Fig. 4.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from typing import Any, Callable, Mapping, NamedTuple
 
 import flax
@@ -61,15 +63,8 @@ SCALED_PARAMS: dict[type, str] = {  # subclasses first: LCWDense is an nn.Dense
 
 
 def _layer_type(module, types) -> type | None:
-  for t in types:
-    if isinstance(module, t):
-      return t
-  return None
-
-
-def _bias_of(module) -> jax.Array | None:
-  params = module.variables.get('params', {})
-  return params.get('bias') if isinstance(params, Mapping) else None
+  """The first of `types` that `module` is an instance of (None: none)."""
+  return next((t for t in types if isinstance(module, t)), None)
 
 
 def _intercepting_apply(model, variables, inputs, types, on_output, method, apply_kwargs):
@@ -147,7 +142,8 @@ def data_dependent_init(
     def on_output(module, key, y):
       del key
       path = tuple(module.path)
-      bias = _bias_of(module)
+      params = module.variables.get('params', {})
+      bias = params.get('bias') if isinstance(params, Mapping) else None
       h = y if bias is None else y - bias
       if path not in factors:
         names[path] = scaled_params[_layer_type(module, scaled_params)]
@@ -167,13 +163,9 @@ def data_dependent_init(
           'variance on the batch; cannot rescale it.')
   params = flax.core.unfreeze(variables['params'])
   for path, c in factors.items():
-    node = params
-    for p in path:
-      node = node[p]
+    node = functools.reduce(operator.getitem, path, params)
     node[names[path]] = (node[names[path]] * c).astype(node[names[path]].dtype)
-  new = dict(flax.core.unfreeze(variables))
-  new['params'] = params
-  return new
+  return {**flax.core.unfreeze(variables), 'params': params}
 
 
 class LayerStats(NamedTuple):
