@@ -232,22 +232,6 @@ def comment_above(obj_module, name):
   return []
 
 
-def namedtuple_fields(cls):
-  """'name -- comment' for every field of a NamedTuple whose fields are commented in the source."""
-  try:
-    source = inspect.getsource(cls).splitlines()
-  except (OSError, TypeError):
-    return []
-  notes = {}
-  for line in source:
-    m = re.match(r'\s+(\w+)\s*:[^#]*#\s*(.*)', line)
-    if m:
-      notes[m.group(1)] = m.group(2)
-  if not all(f in notes for f in cls._fields):
-    return []
-  return ['A named tuple of:', ''] + [f'- ``{f}``: {notes[f]}' for f in cls._fields]
-
-
 def process_docstring(app, what, name, obj, options, lines):
   """A public name without a docstring is a warning (an error under -W); data take the
   comment above their assignment (not their type's docstring); see `rst_safe`."""
@@ -257,11 +241,12 @@ def process_docstring(app, what, name, obj, options, lines):
         inspect.cleandoc(type(obj).__doc__).splitlines()).split():
       module, _, attr = name.rpartition('.')
       lines[:] = [re.sub(r'(?<!`)\*', r'\\*', l) for l in comment_above(module, attr)]
-  if (what == 'class' and issubclass(obj, tuple) and hasattr(obj, '_fields') and
-      all(re.fullmatch(rf'{obj.__name__}\(.*\)|Alias for field number \d+', l) or not l.strip()
-          for l in lines)):
-    lines[:] = namedtuple_fields(obj)
-  if what in ('module', 'class', 'function', 'exception') and not any(l.strip() for l in lines):
+  # A NamedTuple without a docstring has one made of its field names: that is none either.
+  fields = getattr(obj, '_fields', None) if what == 'class' else None
+  generated = isinstance(fields, tuple) and ' '.join(lines).strip() == (
+      f'{obj.__name__}({", ".join(fields)})')
+  if what in ('module', 'class', 'function', 'exception') and (
+      generated or not any(l.strip() for l in lines)):
     from sphinx.util import logging  # pylint: disable=g-import-not-at-top
     logging.getLogger('geoparam.docs').warning(f'{what} {name} has no docstring')
   rst_safe(lines)

@@ -49,13 +49,14 @@ Conventions:
   and `phi = -lam sign(w)`. A GmP unit with fan-in 1 takes its sign from the
   fixed `sign` parameter. Angle changes in R^1 are 0 or pi.
 - **Zero weight vectors** (`w = 0`, e.g. `g = 0` under WN or `gamma = 0` under
-  BN): the unit's pre-activation is the constant `b`, so it has no boundary (or one
-  at infinity) and no location `phi`. `boundary_location` of concrete params raises
-  ValueError naming those units; traced (under `jit`, `vmap`, `scan_tracked`, where
-  values are not known) it gives `+inf` in every coordinate of their rows.
-  `boundary_distance` is `+inf` (`-inf` when `b < 0`), `boundary_direction` the zero
-  vector and any angle change involving it `+inf`, traced or not. No function
-  returns NaN for these units.
+  BN): the unit's pre-activation is the constant `b`, so it has no boundary, no
+  direction and no location `phi`. One convention for `boundary_distance`,
+  `boundary_direction`, `boundary_location`, `snapshot` and `angle_change` (a zero
+  direction makes no angle): called on concrete arrays they raise ValueError naming
+  the argument and the units (kernel columns); traced (under `jit`, `vmap`,
+  `scan_tracked`, where values are not known) those units' entries are NaN, and
+  `location_change` of a NaN location is NaN. As `hyperspherical.from_cartesian`
+  and `hyperspherical.angle_between` do for a zero vector.
 - **Scale**: the boundary does not depend on a unit's output scale (GmP `r`),
   so `scale` is ignored.
 
@@ -66,7 +67,6 @@ All functions are pure and jit/vmap friendly; inside `lax.scan` use
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-import operator
 from typing import Any, NamedTuple
 
 import jax
@@ -179,10 +179,11 @@ def _per_feature(value, name, kernel, kind) -> jax.Array:
                  '(one entry per feature)', kind, kernel.dtype)
 
 
-def _bias(params, key, kernel, kind, name=None) -> jax.Array:
+def _bias(params, key, kernel, kind, name=None, default=0.0) -> jax.Array:
+  """The per-unit entry `params[key]` (`name` in messages), `default` where it is absent."""
   _need(params, (), kind)
   if params.get(key) is None:
-    return jnp.zeros(kernel.shape[1:], kernel.dtype)
+    return jnp.full(kernel.shape[1:], default, kernel.dtype)
   return _per_feature(params[key], name or key, kernel, kind)
 
 
@@ -221,8 +222,7 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
   if eps.ndim != 0:
     raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
-  gamma = _bias(bn, 'scale', w, kind, 'bn/scale') if bn.get('scale') is not None else (
-      jnp.ones_like(b))
+  gamma = _bias(bn, 'scale', w, kind, 'bn/scale', default=1.0)
   beta = _bias(bn, 'bias', w, kind, 'bn/bias')
   mean = _per_feature(stats['mean'], 'batch_stats/mean', w, kind)
   var = _per_feature(stats['var'], 'batch_stats/var', w, kind)
@@ -231,44 +231,56 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   return w * factor[None, :], factor * (b - mean) + beta
 
 
-def _direction_distance(params, kind, check: str | None = None):
-  """`(u (features, fan_in), lam (features,))` with the zero-weight conventions applied.
+def _refuse_zero(norm, where: str, arg: str, what: str) -> None:
+  """Raises a ValueError naming `arg` and the units (last axis) whose `what` has a zero `norm`
+  `(..., units)`; a traced `norm` is not checked (those units come out NaN)."""
+  if isinstance(norm, jax.core.Tracer):
+    return
+  zero = np.any(np.asarray(norm == 0).reshape(-1, norm.shape[-1]), axis=0)
+  if np.any(zero):
+    raise ValueError(
+        f'{where}: units {methods.gmp.columns(zero)} have a zero {what} in {arg}: a unit '
+        'with no direction has no activation boundary, no location phi and makes no angle. '
+        'Leave those units out; traced (under jit, vmap, scan_tracked) their entries are NaN.')
 
-  `check`: the caller's name; then concrete zero weight vectors raise ValueError naming the units.
-  """
+
+def _direction_distance(params, kind, fn: str):
+  """`(u (features, fan_in), lam (features,))`; zero weight vectors raise (concrete) or give NaN
+  (traced), see the module docstring. `fn`: the caller's name, for the error."""
   w, b = affine(params, kind)
   if getattr(_method_of(kind), 'gain', None) is not None:  # w is u, a unit vector: no division
     return w.T, b
   norm = jnp.sqrt(jnp.sum(w * w, axis=0))
-  if check and not isinstance(norm, jax.core.Tracer) and np.any(np.asarray(norm) == 0):
-    zero = np.flatnonzero(np.asarray(norm) == 0).tolist()
-    raise ValueError(
-        f'{check}(kind={_name(kind)!r}): units {zero[:10]}{" ..." if len(zero) > 10 else ""} have a '
-        'zero weight vector (w = 0): relu(0^T x + b) is the constant b, so they have no '
-        'activation boundary and no location phi. Leave those units out (boundary_distance '
-        'gives them +-inf, boundary_direction the zero vector); traced (under jit, vmap, '
-        'scan_tracked) boundary_location gives them rows of +inf.')
+  _refuse_zero(norm, f'{fn}(kind={_name(kind)!r})', 'params', 'weight vector (w = 0)')
   ok = norm > 0
   safe = jnp.where(ok, norm, 1.0)
-  u = jnp.where(ok[None, :], w / safe, 0.0)
-  lam = jnp.where(ok, b / safe, jnp.where(b < 0, -jnp.inf, jnp.inf))
+  u = jnp.where(ok[None, :], w / safe, jnp.nan)
+  lam = jnp.where(ok, b / safe, jnp.nan)
   return u.T, lam
+
+
+def _locations(params, kind, fn: str):
+  """`(phi, u)`, each `(features, fan_in)`; a `lam` that overflows gives a row of `+inf`."""
+  u, lam = _direction_distance(params, kind, fn)
+  return jnp.where(jnp.isinf(lam)[:, None], jnp.inf, -lam[:, None] * u), u
 
 
 def boundary_direction(params: Mapping[str, Any], kind: str) -> jax.Array:
   """Unit normal `u = w / |w|` of each unit's boundary, shape `(features, fan_in)`.
 
-  Zero weight vectors give the zero vector. In R^1 this is `sign(w)`.
+  In R^1 this is `sign(w)`. A zero weight vector raises ValueError (concrete params) or
+  gives a row of NaN (traced): see the module docstring.
   """
-  return _direction_distance(params, kind)[0]
+  return _direction_distance(params, kind, 'boundary_direction')[0]
 
 
 def boundary_distance(params: Mapping[str, Any], kind: str) -> jax.Array:
   """Signed distance `lam = b / |w|` of each boundary from the origin, shape `(features,)`.
 
-  `phi = -lam u`, so `|phi| = |lam|`. Zero weight vectors give `+inf` (`-inf` when `b < 0`).
+  `phi = -lam u`, so `|phi| = |lam|`. A zero weight vector raises ValueError (concrete
+  params) or gives NaN (traced): see the module docstring.
   """
-  return _direction_distance(params, kind)[1]
+  return _direction_distance(params, kind, 'boundary_distance')[1]
 
 
 def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
@@ -287,7 +299,7 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
   Raises:
     ValueError: for concrete params where a unit has a zero weight vector (`w = 0`: no
       boundary, no location), naming the units. Traced (under `jit`, `vmap`, `grad`, where
-      values are not known) such a unit gives `+inf` in every coordinate of its row instead.
+      values are not known) such a unit gives a row of NaN instead.
 
   Example usage::
 
@@ -303,11 +315,9 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
     >>> analysis.boundary_location(dict(layer, kernel=jnp.array([[2.0, 0.0]])), 'sp')
     Traceback (most recent call last):
       ...
-    ValueError: boundary_location(kind='sp'): units [1] have a zero weight vector (w = 0): ...
+    ValueError: boundary_location(kind='sp'): units [1] have a zero weight vector (w = 0) in ...
   """
-  u, lam = _direction_distance(params, kind, 'boundary_location')
-  phi = -lam[:, None] * u
-  return jnp.where(jnp.isfinite(lam)[:, None], phi, jnp.inf)
+  return _locations(params, kind, 'boundary_location')[0]
 
 
 def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> jax.Array:
@@ -321,7 +331,9 @@ def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> 
   Returns:
     shape `(features,)`, in `[0, pi]` (or `[0, 180]`): `arccos(a^T b / (|a| |b|))`,
     computed in the form `2 atan2(| |b| a - |a| b |, | |b| a + |a| b |)`, which is
-    accurate near 0 and pi. A zero vector on either side gives `+inf`.
+    accurate near 0 and pi. A zero vector (no direction) on either side raises
+    ValueError naming `before` or `after` and the units (concrete arrays) or gives NaN
+    (traced).
   """
   before = jnp.asarray(before)
   after = jnp.asarray(after)
@@ -331,10 +343,12 @@ def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> 
         f'and {after.shape}.')
   na = jnp.linalg.norm(before, axis=1, keepdims=True)
   nb = jnp.linalg.norm(after, axis=1, keepdims=True)
+  _refuse_zero(na[:, 0], 'angle_change', 'before', 'vector')
+  _refuse_zero(nb[:, 0], 'angle_change', 'after', 'vector')
   x = before * nb
   y = after * na
   angle = 2 * jnp.arctan2(jnp.linalg.norm(x - y, axis=1), jnp.linalg.norm(x + y, axis=1))
-  angle = jnp.where((na[:, 0] > 0) & (nb[:, 0] > 0), angle, jnp.inf)
+  angle = jnp.where((na[:, 0] > 0) & (nb[:, 0] > 0), angle, jnp.nan)
   return jnp.degrees(angle) if degrees else angle
 
 
@@ -342,7 +356,8 @@ def location_change(before: jax.Array, after: jax.Array) -> jax.Array:
   """Euclidean distance `|phi_after - phi_before|` per unit, shape `(features,)`.
 
   Inputs of shape `(features, n)`. A unit whose location is infinite on one
-  side only moved by `+inf`; one that stays at the same infinity moved by 0.
+  side only moved by `+inf`; one that stays at the same infinity moved by 0; one
+  without a location (NaN: a zero weight vector, traced) gives NaN.
   """
   before = jnp.asarray(before)
   after = jnp.asarray(after)
@@ -351,7 +366,6 @@ def location_change(before: jax.Array, after: jax.Array) -> jax.Array:
         f'location_change expects two arrays of the same shape (features, n), got {before.shape} '
         f'and {after.shape}.')
   diff = jnp.where(after == before, 0.0, after - before)  # inf - inf where both equal -> 0
-  diff = jnp.where(jnp.isnan(diff), jnp.inf, diff)
   return jnp.sqrt(jnp.sum(diff * diff, axis=1))
 
 
@@ -369,10 +383,12 @@ def max_angle_change(directions: jax.Array, degrees: bool = True) -> jax.Array:
   The angle of the weight direction for SP/WN/BN; under GmP the angle between
   `u(theta_t)` and `u(theta_{t+1})`, which equals `|theta_{t+1} - theta_t|` in
   R^2 while the step is below pi (Theorem 3 bounds it by the step's norm).
+  A zero direction raises or gives NaN, as in `angle_change`.
   """
   directions = jnp.asarray(directions)
   if directions.ndim != 3:
     raise ValueError(f'expected directions of shape (steps, features, n), got {directions.shape}.')
+  _refuse_zero(jnp.linalg.norm(directions, axis=2), 'max_angle_change', 'directions', 'vector')
   change = jax.vmap(lambda a, b: angle_change(a, b, degrees))(directions[:-1], directions[1:])
   return jnp.max(change, axis=1)
 
@@ -421,12 +437,10 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
     trainable = tuple((k,) for k, p in spec.items() if not p.fixed)
   else:
     trainable = _TRAINABLE[kind]
-  for path in trainable:
-    node = out
-    for key in path[:-1]:
-      node = node.get(key) if isinstance(node, Mapping) else None
-    if isinstance(node, Mapping) and node.get(path[-1]) is not None:
-      node[path[-1]] = jnp.asarray(node[path[-1]]) + eps
+  for *outer, key in trainable:  # a path of one or two keys
+    node = out.get(outer[0]) if outer else out
+    if isinstance(node, Mapping) and node.get(key) is not None:
+      node[key] = jnp.asarray(node[key]) + eps
       touched += 1
   if not touched:
     raise ValueError(f'no trainable entries of kind={kind!r} found in keys {sorted(params)}.')
@@ -445,28 +459,26 @@ def batch_statistics(pre_activations: jax.Array) -> dict[str, jax.Array]:
   return {'mean': jnp.mean(h, axis=0), 'var': jnp.var(h, axis=0)}
 
 
-def _static_int(name, value) -> int:
-  """A Python or NumPy integer (not bool, float or str) as an int."""
-  if not isinstance(value, (bool, np.bool_)):
-    try:
-      return operator.index(value)
-    except TypeError:
-      pass
-  raise TypeError(
-      f'{name} must be an int (a Python or NumPy integer; not bool, float or str), got '
-      f'{value!r} of type {type(value).__name__}.')
-
-
 class BoundarySnapshot(NamedTuple):
-  location: jax.Array  # (features, fan_in) phi; stacked: (steps, features, fan_in)
-  direction: jax.Array  # (features, fan_in) unit normal u; stacked likewise
+  """One layer's boundaries (`snapshot`); `scan_tracked` stacks them over steps.
+
+  Attributes:
+    location: `(features, fan_in)`, each unit's location `phi` (`boundary_location`);
+      stacked: `(steps, features, fan_in)`.
+    direction: `(features, fan_in)`, each unit's unit normal `u` (`boundary_direction`);
+      stacked likewise.
+  """
+  location: jax.Array
+  direction: jax.Array
 
 
 def snapshot(params: Mapping[str, Any], kind: str) -> BoundarySnapshot:
-  """Locations and directions of one layer's boundaries, as one pytree."""
-  u, lam = _direction_distance(params, kind)
-  phi = jnp.where(jnp.isfinite(lam)[:, None], -lam[:, None] * u, jnp.inf)
-  return BoundarySnapshot(location=phi, direction=u)
+  """Locations and directions of one layer's boundaries, as one pytree.
+
+  A zero weight vector raises ValueError (concrete params) or gives NaN rows (traced, as
+  inside `scan_tracked`): see the module docstring.
+  """
+  return BoundarySnapshot(*_locations(params, kind, 'snapshot'))
 
 
 def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
@@ -490,8 +502,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     `max_angle_change`. Everything stays inside one traced scan (jit-able).
   """
   _check_kind(kind)
-  every = _static_int('every', every)
-  length = None if length is None else _static_int('length', length)
+  every = schedules.check_count('every', every)
+  length = None if length is None else schedules.check_count('length', length)
   if xs is not None:
     n = jax.tree.leaves(xs)[0].shape[0]
     if length is not None and length != n:

@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping
 import functools
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
 
@@ -50,13 +49,9 @@ __all__ = ['dense_to_gmp', 'gmp_to_dense', 'sp_to_gmp', 'gmp_to_sp', 'HOMOGENEOU
 HOMOGENEOUS = ('relu', 'leaky_relu', 'linear')
 
 
-# The activation functions conversion accepts, by identity, and their names in HOMOGENEOUS.
-# flax.linen's relu and leaky_relu are jax.nn's functions; both are listed in case they differ.
-_FUNCTIONS = (
-    (jax.nn.relu, 'relu'), (nn.relu, 'relu'),
-    (jax.nn.leaky_relu, 'leaky_relu'), (nn.leaky_relu, 'leaky_relu'),
-    (jax.nn.identity, 'linear'),
-)
+# The activation functions conversion accepts, by identity, and their names in HOMOGENEOUS
+# (flax.linen's relu and leaky_relu are these functions).
+_FUNCTIONS = ((jax.nn.relu, 'relu'), (jax.nn.leaky_relu, 'leaky_relu'), (jax.nn.identity, 'linear'))
 _ACCEPTED = (
     f'a name in {HOMOGENEOUS}, None (linear), or the function jax.nn.relu / flax.linen.relu, '
     'jax.nn.leaky_relu / flax.linen.leaky_relu (or functools.partial of it with '
@@ -67,26 +62,18 @@ def _check_activation(activation) -> str:
   """The name in `HOMOGENEOUS` of `activation` (a name, None or a known function), or raises."""
   if activation is None:
     return 'linear'
-  if isinstance(activation, str):
-    if activation in HOMOGENEOUS:
-      return activation
-  elif callable(activation):
-    fn = activation
-    if (isinstance(fn, functools.partial) and not fn.args
-        and set(fn.keywords) <= {'negative_slope'}):
-      fn = fn.func
-      leaky = [f for f, name in _FUNCTIONS if name == 'leaky_relu']
-      if not any(fn is f for f in leaky):
-        fn = activation  # only leaky relu's slope may be bound
-    for f, name in _FUNCTIONS:
-      if fn is f:
-        return name
+  if isinstance(activation, str) and activation in HOMOGENEOUS:
+    return activation
+  fn = activation
+  if (isinstance(fn, functools.partial) and fn.func is jax.nn.leaky_relu and not fn.args
+      and set(fn.keywords) <= {'negative_slope'}):
+    fn = fn.func  # only leaky relu's slope may be bound
+  for f, name in _FUNCTIONS:
+    if fn is f:
+      return name
   raise ValueError(
       f'activation={activation!r} is not a positively homogeneous activation that conversion '
       f'knows, so SP <-> GmP conversion could change the function; accepted: {_ACCEPTED}.')
-
-
-_columns = gmp_method.columns
 
 
 def dense_to_gmp(kernel, bias=None, activation: str | None = 'relu') -> dict[str, jax.Array]:

@@ -259,14 +259,6 @@ _SEQUENTIAL_POLY = _sequential_map(_sincos_poly)
 _SEQUENTIAL_JNP = _sequential_map(_jnp_sincos)
 
 
-def _sequential_fwd(theta):
-  return _with_sincos(theta, _SEQUENTIAL_POLY[0], _SEQUENTIAL_JNP[0], theta)
-
-
-def _sequential_bwd(theta, g):
-  return _with_sincos(theta, _SEQUENTIAL_POLY[1], _SEQUENTIAL_JNP[1], theta, g)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _unit_vector(theta, scheme):
   return _unit_vector_fwd(theta, scheme)[0]
@@ -282,7 +274,7 @@ def _unit_vector_fwd(theta, scheme):
   if scheme == 'sequential':
     # The only residual is theta itself (a parameter, alive anyway): the backward
     # recomputes sin/cos row by row, so a step holds no extra (n, ...) arrays for it.
-    return _sequential_fwd(theta), theta
+    return _with_sincos(theta, _SEQUENTIAL_POLY[0], _SEQUENTIAL_JNP[0], theta), theta
   s, c = _sincos(theta)
   p_excl, p_last = _exclusive_sin_products(s, scheme)
   u = jnp.concatenate([p_excl * c, p_last])  # (n, ...)
@@ -295,7 +287,7 @@ def _unit_vector_bwd(scheme, res, g):
   # dL/dtheta_k = P_{k-1} (c_k R_k - s_k g_k), R_k = sum_{i>k} g_i c_i prod_{k<j<i} s_j
   # (c_n := 1), i.e. R_k = g_{k+1} c_{k+1} + s_{k+1} R_{k+1}, R_{n-1} = g_n.
   if scheme == 'sequential':
-    return (_sequential_bwd(res, g),)
+    return (_with_sincos(res, _SEQUENTIAL_POLY[1], _SEQUENTIAL_JNP[1], res, g),)
   s, c = res
   p_excl, _ = _exclusive_sin_products(s, scheme)
   gc = jnp.concatenate([g[1:-1] * c[1:], g[-1:]])  # a_k = g_{k+1} c_{k+1}, last: g_n
@@ -315,6 +307,11 @@ def _map_in_working_precision(theta, scheme):
 
 
 _map_jit = jax.jit(_map_in_working_precision, static_argnums=1)
+
+
+def _is_concrete_zero(x) -> bool:
+  """Whether `x` is known (not traced) and every entry is 0 (read in numpy: no subnormal flush)."""
+  return not isinstance(x, jax.core.Tracer) and not np.any(np.asarray(x) != 0)
 
 
 def _real_float(x, fn: str, name: str) -> jax.Array:
@@ -534,7 +531,7 @@ def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
     raise ValueError(
         f'from_cartesian expects w of shape (n,) with n >= 2, got shape {w.shape}; '
         'a fan-in-1 direction is a sign, not an angle.')
-  if not isinstance(w, jax.core.Tracer) and not np.any(np.asarray(w) != 0):  # numpy: no flush
+  if _is_concrete_zero(w):
     raise ValueError(
         f'from_cartesian: w is zero (all {w.shape[0]} entries are 0): a zero vector has no '
         'direction, so it has no angles; pass a nonzero w (traced, a zero w gives NaN angles).')
@@ -622,7 +619,7 @@ def angle_between(u: jax.Array, v: jax.Array) -> jax.Array:
     raise ValueError(
         f'angle_between expects two vectors of the same shape (n,), got {u.shape} and {v.shape}.')
   for name, x in (('u', u), ('v', v)):
-    if not isinstance(x, jax.core.Tracer) and not np.any(np.asarray(x) != 0):  # numpy: no flush
+    if _is_concrete_zero(x):
       raise ValueError(
           f'angle_between: {name} is zero (all {x.shape[0]} entries are 0): a zero vector has no '
           'direction, so it makes no angle; pass nonzero vectors (traced, a zero vector gives '

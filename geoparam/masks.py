@@ -26,10 +26,8 @@ __all__ = ['DECAYED_NAMES', 'decay_mask', 'decay_mask_by']
 DECAYED_NAMES = ('kernel', 'v')
 
 
-def _leaf_name(path) -> str:
-  if not path:
-    return ''
-  key = path[-1]
+def _key_name(key) -> str:
+  """The name of one path entry (a dict key, an attribute name or a sequence index)."""
   for attr in ('key', 'name', 'idx'):
     if hasattr(key, attr):
       return str(getattr(key, attr))
@@ -43,7 +41,7 @@ def decay_mask_by(params: Any, predicate: Callable[[tuple[str, ...], Any], bool]
   `('Dense_0', 'kernel')`.
   """
   def f(path, leaf):
-    names = tuple(_leaf_name((k,)) for k in path)
+    names = tuple(_key_name(k) for k in path)
     return bool(predicate(names, leaf))
 
   return jax.tree_util.tree_map_with_path(f, params)

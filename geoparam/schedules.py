@@ -46,10 +46,18 @@ _MODES = ('min', 'max')
 
 
 class PlateauState(NamedTuple):
-  lr: jax.Array  # () float32, current learning rate
-  best: jax.Array  # () float32, best metric seen
-  wait: jax.Array  # () int32, epochs since the last improvement
-  cooldown_counter: jax.Array  # () int32
+  """The state of `reduce_on_plateau`: scalar arrays (one more axis per `vmap`).
+
+  Attributes:
+    lr: `()` float32, the current learning rate.
+    best: `()` float32, the best metric seen.
+    wait: `()` int32, epochs since the last improvement.
+    cooldown_counter: `()` int32, cooldown epochs left.
+  """
+  lr: jax.Array
+  best: jax.Array
+  wait: jax.Array
+  cooldown_counter: jax.Array
 
   @property
   def scale(self) -> jax.Array:
@@ -58,12 +66,22 @@ class PlateauState(NamedTuple):
 
 
 class EarlyStoppingState(NamedTuple):
-  best: jax.Array  # () float32, best metric seen
-  wait: jax.Array  # () int32
-  epoch: jax.Array  # () int32, number of updates seen
-  best_epoch: jax.Array  # () int32, epoch index of the best metric (-1 before any)
-  improved: jax.Array  # () bool, whether the LAST update improved (save weights then)
-  stop: jax.Array  # () bool, training should stop (sticky)
+  """The state of `early_stopping`: scalar arrays (one more axis per `vmap`).
+
+  Attributes:
+    best: `()` float32, the best metric seen.
+    wait: `()` int32, epochs since the last improvement.
+    epoch: `()` int32, the number of updates seen.
+    best_epoch: `()` int32, the epoch index of the best metric (-1 before any).
+    improved: `()` bool, whether the LAST update improved (save the weights then).
+    stop: `()` bool, whether training should stop (sticky once set).
+  """
+  best: jax.Array
+  wait: jax.Array
+  epoch: jax.Array
+  best_epoch: jax.Array
+  improved: jax.Array
+  stop: jax.Array
 
   @property
   def should_stop(self) -> jax.Array:
@@ -84,8 +102,9 @@ def _check_mode(mode):
     raise ValueError(f'mode must be one of {_MODES}, got {mode!r}.')
 
 
-def _check_count(name, value):
-  """An epoch count: a Python or NumPy integer in [0, 2**31 - 1] (no bool, float or str)."""
+def check_count(name: str, value) -> int:
+  """A count (epochs, steps) as an int: a Python or NumPy integer in [0, 2**31 - 1] (no bool,
+  float or str; else TypeError or ValueError naming `name`). Shared with `geoparam.analysis`."""
   if isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value) != 0:
     index = None
   else:
@@ -99,6 +118,7 @@ def _check_count(name, value):
         f'got {value!r} of type {type(value).__name__}.')
   if not 0 <= index <= _INT32_MAX:
     raise ValueError(f'{name} must be an integer in [0, {_INT32_MAX}], got {name} = {index}.')
+  return index
 
 
 def _check_real(name, value, accepted, ok):
@@ -208,8 +228,8 @@ def reduce_on_plateau(
   """
   _check_mode(mode)
   _check_real('factor', factor, 'in the range (0, 1)', lambda x: 0.0 < x < 1.0)
-  _check_count('patience', patience)
-  _check_count('cooldown', cooldown)
+  check_count('patience', patience)
+  check_count('cooldown', cooldown)
   _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
   _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
@@ -246,7 +266,7 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
   `state.stop` is sticky once set. A NaN metric never improves.
   """
   _check_mode(mode)
-  _check_count('patience', patience)
+  check_count('patience', patience)
   _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
 
   def init() -> EarlyStoppingState:
@@ -272,8 +292,14 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
 
 
 class DecayState(NamedTuple):
-  lr: jax.Array  # () float32, current learning rate
-  epoch: jax.Array  # () int32, number of updates seen
+  """The state of `per_epoch_decay`: scalar arrays (one more axis per `vmap`).
+
+  Attributes:
+    lr: `()` float32, the current learning rate.
+    epoch: `()` int32, the number of updates seen.
+  """
+  lr: jax.Array
+  epoch: jax.Array
 
   @property
   def scale(self) -> jax.Array:

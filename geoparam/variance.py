@@ -17,7 +17,9 @@ spatial positions and units), like the per-layer boxplots of 003 Fig. 4.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from typing import Any, Callable, Mapping, NamedTuple
 
 import flax
@@ -61,16 +63,11 @@ SCALED_PARAMS: dict[type, str] = {  # subclasses first: LCWDense is an nn.Dense
 
 
 def _layer_type(module, types) -> type | None:
-  own = getattr(module, 'reparameterized', False)  # GmPDense is an nn.Dense, with no kernel
-  for t in types:
-    if isinstance(module, t) and (not own or getattr(t, 'reparameterized', False)):
-      return t
-  return None
-
-
-def _bias_of(module) -> jax.Array | None:
-  params = module.variables.get('params', {})
-  return params.get('bias') if isinstance(params, Mapping) else None
+  """The first of `types` that `module` is an instance of (None: none); a reparameterized layer
+  (GmPDense is an nn.Dense, with no kernel) matches only a reparameterized type."""
+  own = getattr(module, 'reparameterized', False)
+  return next((t for t in types if isinstance(module, t)
+               and (not own or getattr(t, 'reparameterized', False))), None)
 
 
 def _intercepting_apply(model, variables, inputs, types, on_output, method, apply_kwargs):
@@ -148,7 +145,8 @@ def data_dependent_init(
     def on_output(module, key, y):
       del key
       path = tuple(module.path)
-      bias = _bias_of(module)
+      params = module.variables.get('params', {})
+      bias = params.get('bias') if isinstance(params, Mapping) else None
       h = y if bias is None else y - bias
       if path not in factors:
         names[path] = scaled_params[_layer_type(module, scaled_params)]
@@ -168,24 +166,30 @@ def data_dependent_init(
           'variance on the batch; cannot rescale it.')
   params = flax.core.unfreeze(variables['params'])
   for path, c in factors.items():
-    node = params
-    for p in path:
-      node = node[p]
+    node = functools.reduce(operator.getitem, path, params)
     node[names[path]] = (node[names[path]] * c).astype(node[names[path]].dtype)
-  new = dict(flax.core.unfreeze(variables))
-  new['params'] = params
-  return new
+  return {**flax.core.unfreeze(variables), 'params': params}
 
 
 class LayerStats(NamedTuple):
-  """Statistics of one layer's pre-activation `z` and of `dL/dz` on a batch."""
-  name: str           # the layer's path, e.g. 'Dense_3'
-  mean: float         # pooled mean of z
-  var: float          # pooled variance of z
-  grad_mean: float    # pooled mean of dL/dz
-  grad_var: float     # pooled variance of dL/dz
-  shift: float        # activation shift: std over units of unit means / mean unit std
-  unit_means: np.ndarray  # (units,), mean of z per unit (last axis)
+  """Statistics of one layer's pre-activation `z` and of `dL/dz` on a batch.
+
+  Attributes:
+    name: the layer's path, e.g. `'Dense_3'`.
+    mean: the pooled mean of `z`.
+    var: the pooled variance of `z`.
+    grad_mean: the pooled mean of `dL/dz`.
+    grad_var: the pooled variance of `dL/dz`.
+    shift: the activation shift, `activation_shift(z)`.
+    unit_means: `(units,)`, the mean of `z` per unit (last axis).
+  """
+  name: str
+  mean: float
+  var: float
+  grad_mean: float
+  grad_var: float
+  shift: float
+  unit_means: np.ndarray
 
 
 def activation_shift(z: Any) -> float:

@@ -148,24 +148,51 @@ def test_bn_batch_statistics_give_the_training_mode_function(x64):
 # --- bad input ---------------------------------------------------------------------------
 
 
-def test_zero_weights_give_inf_never_nan(x64):
-  sp = {'kernel': jnp.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]), 'bias': jnp.array([1.0, 1.0, -2.0])}
-  location = jax.jit(lambda p: analysis.boundary_location(p, 'sp'))  # concrete zeros raise
-  phi = location(sp)
-  assert np.all(np.isinf(phi[0])) and np.all(np.isinf(phi[2])) and np.all(np.isfinite(phi[1]))
-  np.testing.assert_array_equal(analysis.boundary_distance(sp, 'sp'), [np.inf, 1 / np.sqrt(2), -np.inf])
-  np.testing.assert_array_equal(analysis.boundary_direction(sp, 'sp')[0], [0.0, 0.0])
+_ZERO_SP = {'kernel': jnp.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]),
+            'bias': jnp.array([1.0, 1.0, -2.0])}  # units 0 and 2 have w = 0
+
+
+@pytest.mark.parametrize('fn', ['boundary_distance', 'boundary_direction', 'boundary_location',
+                                'snapshot'])
+def test_zero_weights_raise_eagerly_naming_params_and_units(x64, fn):
+  # Old code: boundary_distance gave +-inf, boundary_direction and snapshot the zero vector.
+  with pytest.raises(ValueError, match=rf"{fn}\(kind='sp'\): units \[0, 2\] have a zero weight "
+                                       r'vector \(w = 0\) in params'):
+    getattr(analysis, fn)(_ZERO_SP, 'sp')
   wn = {'kernel': jnp.ones((2, 2)), 'scale': jnp.array([0.0, 1.0])}
-  assert np.all(np.isinf(jax.jit(lambda p: analysis.boundary_location(p, 'wn'))(wn)[0]))
-  u = analysis.boundary_direction(sp, 'sp')
-  change = analysis.angle_change(u, u)
-  np.testing.assert_array_equal(change, [np.inf, 0.0, np.inf])
-  loc = analysis.location_change(phi, phi)  # staying at infinity is no move
-  np.testing.assert_array_equal(loc, [0.0, 0.0, 0.0])
-  moved = analysis.location_change(phi, jnp.zeros_like(phi))
-  assert np.isinf(moved[0]) and not np.any(np.isnan(moved))
-  jitted = jax.jit(lambda p: analysis.boundary_location(p, 'sp'))(sp)
-  assert not np.any(np.isnan(jitted))
+  with pytest.raises(ValueError, match=rf"{fn}\(kind='wn'\): units \[0\] have a zero"):
+    getattr(analysis, fn)(wn, 'wn')
+
+
+def test_zero_weights_give_nan_traced(x64):
+  # Old code: +-inf distances, zero directions and +inf locations under jit.
+  distance = np.asarray(jax.jit(lambda p: analysis.boundary_distance(p, 'sp'))(_ZERO_SP))
+  assert np.isnan(distance[[0, 2]]).all() and np.isclose(distance[1], 1 / np.sqrt(2))
+  for fn in (analysis.boundary_direction, analysis.boundary_location):
+    rows = np.asarray(jax.jit(lambda p: fn(p, 'sp'))(_ZERO_SP))
+    assert np.isnan(rows[[0, 2]]).all() and np.isfinite(rows[1]).all()
+  snap = jax.vmap(lambda p: analysis.snapshot(p, 'sp'))(jax.tree.map(lambda a: a[None], _ZERO_SP))
+  for rows in map(np.asarray, snap):
+    assert np.isnan(rows[0, [0, 2]]).all() and np.isfinite(rows[0, 1]).all()
+  phi = analysis.boundary_location(dict(_ZERO_SP, kernel=jnp.ones((2, 3))), 'sp')
+  nan_phi = phi.at[0].set(jnp.nan)  # a unit without a location did not move by a number
+  moved = analysis.location_change(phi, nan_phi)
+  assert np.isnan(moved[0]) and np.all(moved[1:] == 0)
+
+
+def test_a_zero_direction_makes_no_angle(x64):
+  # Old code: angle_change gave +inf for a zero row, eagerly too.
+  u = jnp.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+  with pytest.raises(ValueError, match=r'angle_change: units \[0\] have a zero vector in before'):
+    analysis.angle_change(u, jnp.ones((3, 2)))
+  with pytest.raises(ValueError, match=r'angle_change: units \[0\] have a zero vector in after'):
+    analysis.angle_change(jnp.ones((3, 2)), u)
+  with pytest.raises(ValueError, match=r'max_angle_change: units \[0\] have a zero vector in '
+                                       'directions'):
+    analysis.max_angle_change(jnp.stack([jnp.ones((3, 2)), u]))
+  change = jax.jit(analysis.angle_change)(u, u)
+  assert np.isnan(change[0]) and np.all(change[1:] == 0)
+  assert np.isnan(jax.jit(analysis.max_angle_change)(jnp.stack([u, u])))
 
 
 def test_unknown_kind_lists_the_valid_ones():

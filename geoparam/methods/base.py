@@ -198,11 +198,11 @@ def init(method: Method, key: jax.Array, kernel_shape: Shape, layer: Layer = Lay
 def check_zero_sum(name: str, w: np.ndarray) -> None:
   """LCW and CWN: raises unless every unit (column of `w (fan_in, F)`) sums to zero."""
   sums = np.abs(w.sum(0))
-  norms = np.linalg.norm(w, axis=0)
-  if np.any(sums > 1e-6 * norms * math.sqrt(w.shape[0]) + 1e-30):
+  bad = sums > 1e-6 * np.linalg.norm(w, axis=0) * math.sqrt(w.shape[0]) + 1e-30
+  if np.any(bad):
     raise ValueError(
         f'{name} constrains every unit\'s weights to sum to zero, but units '
-        f'{np.flatnonzero(sums > 1e-6 * norms).tolist()[:10]} do not '
+        f'{np.flatnonzero(bad).tolist()[:10]} do not '
         f'(max |sum| {sums.max():.3g}): no {name} weights give the same function. '
         'Convert a model trained with zero-sum kernels, or train the reparameterized model.')
 

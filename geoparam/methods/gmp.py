@@ -46,11 +46,6 @@ __all__ = ['gmp', 'gmp_imn', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_ker
 
 INITIALIZATIONS = ('paper', 'layer')
 
-# The single-neuron map over neurons: theta (n - 1, m) -> u (n, m). The batched form
-# runs the same custom-VJP code on all columns at once and is tested equal to
-# `jax.vmap(hyperspherical.to_cartesian, in_axes=1, out_axes=1)`.
-directions = hyperspherical.to_cartesian_batched
-
 
 def gmp_kernel(theta: jax.Array, sign: jax.Array | None = None) -> jax.Array:
   """Unit-norm kernel `(fan_in, features)` from angles `(fan_in - 1, features)`.
@@ -68,7 +63,9 @@ def gmp_kernel(theta: jax.Array, sign: jax.Array | None = None) -> jax.Array:
     raise ValueError(f'theta must have shape (fan_in - 1, features), got {theta.shape}.')
   if jnp.issubdtype(theta.dtype, jnp.floating):
     theta = theta.astype(jnp.promote_types(theta.dtype, jnp.float32))
-  u = directions(theta)
+  # The single-neuron map over neurons, theta (n - 1, m) -> u (n, m): the batched form runs the
+  # same custom-VJP code on all columns at once (tested equal to vmapping `to_cartesian`).
+  u = hyperspherical.to_cartesian_batched(theta)
   if theta.shape[0] == 0:
     if sign is None:
       raise ValueError('a fan-in-1 GmP unit needs its fixed `sign` parameter.')
@@ -254,10 +251,7 @@ def _layer_draw(layer: base.Layer, kernel_shape, dtype, key):
   k_key, b_key = jax.random.split(key)
   kernel = meta.unbox(layer.kernel_init(k_key, kernel_shape, dtype))
   features = kernel_shape[-1]
-  if layer.use_bias:
-    bias = meta.unbox(layer.bias_init(b_key, (features,), dtype))
-  else:
-    bias = jnp.zeros((features,), dtype)
+  bias = meta.unbox((layer.bias_init if layer.use_bias else jinit.zeros)(b_key, (features,), dtype))
   return kernel.reshape(-1, features), bias
 
 
@@ -319,15 +313,11 @@ def paper_method(fields, fan_in: int) -> base.Method:
   `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
   `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`.
   """
-  if fields.scale_init is not None:
-    scale_init = fields.scale_init
-  elif fields.glorot_scale:
-    scale_init = initializers.glorot_norm(fan_in, fields.features)
-  else:
-    scale_init = jinit.ones
+  scale_init = fields.scale_init
+  if scale_init is None:
+    scale_init = initializers.glorot_norm(fan_in, fields.features) if fields.glorot_scale else (
+        jinit.ones)
   options = dict(theta_init=fields.theta_init, lam_init=fields.lam_init, scale_init=scale_init)
   if fields.input_mean_norm:
-    method = gmp_imn(momentum=fields.momentum, axis_name=fields.axis_name, **options)
-  else:
-    method = gmp(**options)
-  return method._replace(apply=_unit_apply)
+    return gmp_imn(fields.momentum, fields.axis_name, **options)._replace(apply=_unit_apply)
+  return gmp(**options)._replace(apply=_unit_apply)
