@@ -136,10 +136,10 @@ def _check_real(name, value, accepted, ok):
     raise ValueError(f'{name} must be a finite real number {accepted}, got {name} = {value!r}.')
 
 
-def _check_initial_lr(lr):
-  """`init`'s rate: a real scalar; where concrete (not traced), finite and > 0."""
+def _check_lr(lr, least: str = '> 0'):
+  """A rate: a real scalar; where concrete (not traced), finite and `least` ('> 0', '>= 0')."""
   if isinstance(lr, (bool, np.bool_, str, bytes)) or lr is None:
-    raise TypeError(f'lr must be a real number > 0, got {lr!r} of type {type(lr).__name__}.')
+    raise TypeError(f'lr must be a real number {least}, got {lr!r} of type {type(lr).__name__}.')
   if jnp.ndim(lr) != 0:
     raise ValueError(
         f'lr must be a scalar learning rate (shape ()), got shape {jnp.shape(lr)}; vmap init '
@@ -147,8 +147,8 @@ def _check_initial_lr(lr):
   if isinstance(lr, jax.core.Tracer):
     return
   value = float(np.asarray(lr))
-  if not (math.isfinite(value) and value > 0):
-    raise ValueError(f'lr must be a finite learning rate > 0, got lr = {lr!r}.')
+  if not (math.isfinite(value) and (value > 0 or least == '>= 0' and value == 0)):
+    raise ValueError(f'lr must be a finite learning rate {least}, got lr = {lr!r}.')
 
 
 def real_dtype(value):
@@ -234,7 +234,7 @@ def reduce_on_plateau(
   _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
   def init(lr) -> PlateauState:
-    _check_initial_lr(lr)
+    _check_lr(lr)
     return PlateauState(
         lr=jnp.asarray(lr, jnp.float32), best=_worst(mode),
         wait=jnp.zeros((), jnp.int32), cooldown_counter=jnp.zeros((), jnp.int32))
@@ -320,7 +320,7 @@ def per_epoch_decay(factor: float = 0.95, min_lr: float = 1e-3) -> Schedule:
   _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
   def init(lr) -> DecayState:
-    _check_initial_lr(lr)
+    _check_lr(lr)
     return DecayState(lr=jnp.asarray(lr, jnp.float32), epoch=jnp.zeros((), jnp.int32))
 
   def update(state: DecayState, metric=None) -> DecayState:
@@ -343,6 +343,7 @@ def set_learning_rate(opt_state, lr):
     raise ValueError(
         'set_learning_rate needs an optimizer built with optax.inject_hyperparams(...)'
         '(learning_rate=...); this state has no hyperparams["learning_rate"].')
+  _check_lr(lr, '>= 0')  # (pass state.lr, not the schedule's state)
   hyperparams = dict(hyperparams)
   hyperparams['learning_rate'] = jnp.asarray(lr, jnp.asarray(hyperparams['learning_rate']).dtype)
   return opt_state._replace(hyperparams=hyperparams)

@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import PartitionSpec as P
 import pytest
 
@@ -526,3 +527,32 @@ def test_linen_wrapper_given_an_nnx_layer_names_the_nnx_one():
   with pytest.raises(TypeError, match=r'takes a flax.linen layer, got a flax.nnx.*Linear .*'
                                       r'geoparam.nnx.Reparam'):
     geoparam.Reparam(layer, 'gmp').init(jax.random.key(0), jnp.ones((2, 3)))
+
+
+def test_linen_layers_check_their_numbers_by_name():
+  """Were obscure ("'<=' not supported between 'float' and 'str'", "must be real number, not
+  str") or silent (channel_shared='yes' by truthiness)."""
+  x = jnp.ones((2, 3))
+  for layer in (geoparam.InputMeanNorm(momentum='0.9'), geoparam.MeanOnlyBatchNorm(momentum='0.9')):
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(a number\), got '0.9'"):
+      layer.init(jax.random.key(0), x, use_running_average=False)
+  with pytest.raises(ValueError, match=r"epsilon must be >= 0 \(a number\), got '1e-5'"):
+    geoparam.CWNDense(4, epsilon='1e-5').init(jax.random.key(0), x)
+  for slope in ('0.25', None):
+    with pytest.raises(TypeError, match=r'negative_slope_init must be a finite number, got'):
+      geoparam.PReLU(negative_slope_init=slope).init(jax.random.key(0), x)
+  with pytest.raises(TypeError, match=r"channel_shared must be True or False, got 'yes'"):
+    geoparam.PReLU(channel_shared='yes').init(jax.random.key(0), x)
+
+
+def test_set_learning_rate_refuses_what_is_no_rate():
+  """Was silent: a negative, NaN, bool, string or vector rate (or the schedule's state passed
+  instead of state.lr) was written into the optimizer's hyperparams."""
+  from geoparam import schedules
+  state = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1).init({'w': jnp.ones(2)})
+  for bad, error in [(-0.1, ValueError), (float('nan'), ValueError), (True, TypeError),
+                     ('0.1', TypeError), (jnp.ones(2), ValueError),
+                     (schedules.reduce_on_plateau().init(0.1), ValueError)]:
+    with pytest.raises(error, match='lr must be'):
+      schedules.set_learning_rate(state, bad)
+  assert float(schedules.set_learning_rate(state, 0.0).hyperparams['learning_rate']) == 0.0

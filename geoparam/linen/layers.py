@@ -19,9 +19,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from geoparam.activations import check_slope
 from geoparam.activations import prelu
 from geoparam.normalization import batch_mean
 from geoparam.normalization import check_floating
+from geoparam.normalization import check_momentum
 from geoparam.normalization import update_running_mean
 
 __all__ = ['running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU']
@@ -37,8 +39,7 @@ def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
   `m <- momentum * m + (1 - momentum) * batch_mean` (not while initializing).
   Evaluation: the running mean. Call it from inside a module's compact method.
   """
-  if not 0.0 <= momentum <= 1.0:
-    raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+  check_momentum(momentum)
   check_floating(x)
   stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
   ra_mean = module.variable(
@@ -161,9 +162,9 @@ class PReLU(nn.Module):
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Applies PReLU elementwise; `inputs` has shape `(..., C)`."""
-    if not math.isfinite(self.negative_slope_init):
-      raise ValueError(
-          f'PReLU needs a finite negative_slope_init, got {self.negative_slope_init}.')
+    check_slope(self.negative_slope_init)
+    if not isinstance(self.channel_shared, bool):
+      raise TypeError(f'PReLU: channel_shared must be True or False, got {self.channel_shared!r}.')
     if self.channel_shared:
       shape = ()
     else:

@@ -31,6 +31,8 @@ from jax.nn import initializers as jinit
 import jax
 import numpy as np
 
+from geoparam import normalization
+
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
            'stored_dtype', 'layer_dtype',
            'check_zero_sum', 'with_layer_bias', 'bias_names', 'dense_spec']
@@ -154,9 +156,7 @@ def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None
   if not isinstance(method, Method):
     raise TypeError(f'with_imn: method must be a registry name or a geoparam.methods.Method, got '
                     f'{method!r:.80} of type {type(method).__name__}.')
-  if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) or not (
-      0.0 <= momentum <= 1.0):
-    raise ValueError(f'momentum must be in [0, 1] (a number), got {momentum!r}.')
+  normalization.check_momentum(momentum)
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f'axis_name must be None or the name (str) of a mapped axis, got '
                     f'{axis_name!r}.')

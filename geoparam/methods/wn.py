@@ -15,6 +15,7 @@ kernel, so conversion is exact: `scale = sqrt(|w|^2 + epsilon)`.
 from __future__ import annotations
 
 from collections.abc import Callable
+import numbers
 
 from jax.nn import initializers as jinit
 from flax.core import meta
@@ -41,8 +42,8 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
 
   `zero_sum`: only kernels whose units sum to zero convert (the formula centres them).
   """
-  if not epsilon >= 0:
-    raise ValueError(f'epsilon must be >= 0, got {epsilon!r}.')
+  if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not epsilon >= 0:
+    raise ValueError(f'epsilon must be >= 0 (a number), got {epsilon!r}.')
 
   def params(kernel_shape, layer, new_key):
     del new_key
