@@ -215,7 +215,6 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
   if use_running_average is None:
     use_running_average = next((n.use_running_average for _, n in nodes if isinstance(
         n, nnx.Module) and getattr(n, 'use_running_average', None) is not None), True)
-  stacked = {path: modules.stacked_axes(layer, path) for path, layer in layers.items()}
   calls = _record(model, list(layers) + list(norms), example_args) if example_args else {}
   folds, dropped = {}, {}
   for bn_path, bn in norms.items():
@@ -236,23 +235,9 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
         bn.mean[...], bn.var[...], bn.epsilon, bn.scale[...] if bn.use_scale else None,
         bn.bias[...] if bn.use_bias else None)
     dropped[bn_path] = producer[0]
-  converted = {}
-  for path, layer in layers.items():
-    inputs = calls[path][0] if path in calls else modules.example_input(layer)
-    kernel, bias = modules._weights(layer)
-    stack = stacked[path]
-    stored, mean = exact.convert_layer(method, layer, kernel[...],
-                                       None if bias is None else bias[...], inputs, path,
-                                       folds.get(path), stack)
-    if stack:
-      wrapper = modules.stacked_reparam(layer, method, stack, stored, mean,
-                                        use_running_average=use_running_average)
-    else:
-      wrapper = modules.Reparam(layer, method, use_running_average=use_running_average,
-                                params=stored)
-      if mean is not None:
-        wrapper.input_mean_norm['mean'][...] = jnp.asarray(mean)
-    converted[path] = wrapper
+  converted = {path: modules.converted(layer, method, calls[path][0] if path in calls else None,
+                                      path, folds.get(path), use_running_average=use_running_average)
+               for path, layer in layers.items()}
   for path, wrapper in converted.items():
     _replace(model, path, wrapper)
   for bn_path, producer in dropped.items():
