@@ -28,6 +28,7 @@ Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import numbers
@@ -110,13 +111,10 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
     view = _View(layer, **{kind.kernel: kernel, kind.bias: bias, 'use_bias': bias is not None})
     return _own_call(layer)(view, x, **kwargs)
 
-  tap_mask = None
-  if kind.taps:
-    tap_mask = lambda spatial: conv.tap_mask(layer, spatial,
-                                             probe=lambda k, o: _probe(layer, k, o))
+  probe = functools.partial(_probe, layer)
+  tap_mask = (lambda spatial: conv.tap_mask(layer, spatial, probe)) if kind.taps else None
   return run.LayerOps(run_layer, kind.imn_axes(layer, ndim) if imn else None,
-                      getattr(layer, 'precision', None), tap_mask,
-                      getattr(layer, 'mask', None) if kind.taps else None, layout)
+                      getattr(layer, 'precision', None), tap_mask, layout=layout)
 
 
 def layout_of(layer, path=()) -> kinds.Layout:
@@ -200,15 +198,10 @@ class _Held:
     self.layer = layer
 
 
-class _Keys:
+def _keys(seed):
   """Keys for initializers when no `rngs` is given (deterministic: initializations from weights)."""
-
-  def __init__(self, seed):
-    self.seed, self.count = seed, 0
-
-  def __call__(self):
-    self.count += 1
-    return jax.random.fold_in(jax.random.key(self.seed), self.count)
+  count = itertools.count(1)
+  return lambda: jax.random.fold_in(jax.random.key(seed), next(count))
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -251,12 +244,7 @@ class Reparam(nnx.Module):
     kind = kinds.of(layer)
     shape = layout.method_shape  # what the method sees
     methods.base.check_fan_in(method, shape, name)
-    if method.imn is not None:
-      example = kind.example_shape(layer)
-      try:
-        axes = kind.imn_axes(layer, len(example))
-      except ValueError as e:
-        raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
+    width = exact.imn_width(method, layer, kind.example_shape(layer), (name,))
     kernel, bias = _weights(layer)
     dtype = getattr(layer, 'param_dtype', None) or kernel.dtype
     kernel_names = kernel.get_metadata().get('out_sharding')
@@ -280,9 +268,9 @@ class Reparam(nnx.Module):
       specs = method.params(shape, layer_init, lambda: None)
       drawn = {n: (jnp.asarray(params[n]), None) for n in specs}
     else:
-      specs, drawn = draw(rngs.params if rngs is not None else _Keys(0))
+      specs, drawn = draw(rngs.params if rngs is not None else _keys(0))
       if rngs is None and not any(isinstance(v, jax.core.Tracer) for v, _ in drawn.values()):
-        other = draw(_Keys(1))[1]  # a random draw would repeat in every layer of this shape
+        other = draw(_keys(1))[1]  # a random draw would repeat in every layer of this shape
         if any(not np.array_equal(drawn[n][0], other[n][0]) for n in drawn):
           raise ValueError(
               f'{name}: method {method.name!r} draws its initial variables at random; pass '
@@ -302,8 +290,8 @@ class Reparam(nnx.Module):
     self.stack = ()  # leading axes of a layer stacked by nnx.vmap (`converted`)
     self.param_names = tuple(specs)
     self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
-    if method.imn is not None:
-      mean = jnp.zeros(math.prod(example[a] for a in axes), jnp.promote_types(dtype, jnp.float32))
+    if width is not None:
+      mean = jnp.zeros(width, jnp.promote_types(dtype, jnp.float32))
       self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
     method_names = layout.names(kernel_names)
     for pname, spec in specs.items():
@@ -356,10 +344,7 @@ class Reparam(nnx.Module):
     """`(outputs, new running mean)` from the given variables (none read from `self`)."""
     inputs = jnp.asarray(inputs)
     name = type(self).__name__
-    try:
-      need = kinds.of(self.layer).layout(self.layer, inputs.shape).kernel_shape
-    except ValueError as e:
-      raise ValueError(f'{name}: {e}') from None
+    need = exact.layout_of(self.layer, inputs.shape, (name,)).kernel_shape
     if tuple(need) != self.kernel_shape:
       raise ValueError(f'{name}: the inputs {inputs.shape} need a kernel of shape {tuple(need)}, '
                        f'but the params are for {self.kernel_shape} (the fan_in or the features '
