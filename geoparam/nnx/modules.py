@@ -132,10 +132,7 @@ def layout_of(layer, path=()) -> kinds.Layout:
                      f'{layer.preferred_element_type!r}); leave it None.')
   if kind.taps and getattr(layer, 'mask', None) is not None:
     raise ValueError(f'{name}: a masked {type(layer).__name__} (mask=...) is not supported.')
-  try:
-    return kind.layout(layer, kind.example_shape(layer))
-  except ValueError as e:
-    raise ValueError(f'{name}: {e}') from None
+  return exact.layout_of(layer, kind.example_shape(layer), path)
 
 
 def _weights(layer):
@@ -172,6 +169,14 @@ def _constant(value):
 
 def _param(value, names):
   return nnx.Param(value, out_sharding=names) if names else nnx.Param(value)
+
+
+def _linen_variables(module) -> dict[str, Any]:
+  """The variables in the layout of the module's linen twin, `{'params': ..., 'batch_stats':
+  ...}` (a collection only where the module has variables of it)."""
+  out = {'params': nnx.state(module, nnx.Param).to_pure_dict(),
+         'batch_stats': nnx.state(module, nnx.BatchStat).to_pure_dict()}
+  return {k: v for k, v in out.items() if v}
 
 
 def _mode(module, use_running_average):
@@ -367,12 +372,7 @@ class Reparam(nnx.Module):
     del params
     return y
 
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen twin's layout, `{'params': ..., 'batch_stats': ...}`."""
-    out = {'params': self.params()}
-    if self.method.imn is not None:
-      out['batch_stats'] = {'input_mean_norm': {'mean': self.input_mean_norm['mean'][...]}}
-    return out
+  linen_variables = _linen_variables
 
   def plain_layer(self, *, approximate_borders: bool = False, carry_bias: bool = False,
                   path: tuple = ()):
@@ -387,9 +387,7 @@ class Reparam(nnx.Module):
     if self.scale_outside:
       raise TypeError(f'{_path_name(path)}: the scale of a {type(self).__name__} multiplies '
                       'after its activation, so no plain layer computes it.')
-    mean = None
-    if self.method.imn is not None:
-      mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
+    mean = None if self.method.imn is None else np.asarray(self.input_mean_norm['mean'][...])
     kernel, bias = exact.plain_layer(self.method, self.layer, self.params(), self.layout, mean,
                                      path, approximate_borders, self.stack)
     plain = nnx.clone(self.layer)
@@ -628,9 +626,7 @@ class InputMeanNorm(nnx.Module):
     self.use_running_average = use_running_average
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
 
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen module's layout."""
-    return {'batch_stats': {'mean': self.mean[...]}}
+  linen_variables = _linen_variables
 
   def __call__(self, x, use_running_average: bool | None = None):
     """Centres `x (..., num_features)` over all but the last axis."""
@@ -654,12 +650,6 @@ class MeanOnlyBatchNorm(InputMeanNorm):
     key = rngs.params() if rngs is not None else jax.random.key(0)
     self.bias = nnx.Param(bias_init(key, (num_features,), param_dtype)) if use_bias else None
 
-  def linen_variables(self) -> dict[str, Any]:
-    out = super().linen_variables()
-    if self.bias is not None:
-      out['params'] = {'bias': self.bias[...]}
-    return out
-
   def __call__(self, x, use_running_average: bool | None = None):
     """Centres pre-activations `x (..., num_features)` and adds the bias."""
     y = super().__call__(x, use_running_average)
@@ -680,9 +670,7 @@ class PReLU(nnx.Module):
     self.num_features, self.dtype = num_features, dtype
     self.negative_slope = nnx.Param(jnp.full(shape, negative_slope_init, param_dtype))
 
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen module's layout."""
-    return {'params': {'negative_slope': self.negative_slope[...]}}
+  linen_variables = _linen_variables
 
   def __call__(self, x):
     """Applies PReLU elementwise to `x (..., num_features)`."""
