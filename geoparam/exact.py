@@ -21,7 +21,8 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bn_affine', 'check_fold', 'stack_of', 'layout_of', 'convert_layer', 'plain_layer']
+__all__ = ['bn_affine', 'check_fold', 'stack_of', 'layout_of', 'imn_width', 'convert_layer',
+           'plain_layer']
 
 
 def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
@@ -93,6 +94,19 @@ def stack_of(kernel_shape, layout: kinds.Layout, path=()) -> tuple[int, ...]:
         "stacked axes in front (variable_axes={'params': 0}, in_axes=0); other axes are not "
         'supported.')
   return kernel_shape[:extra]
+
+
+def imn_width(method, layer, inputs_shape, path=()) -> int | None:
+  """The width of IMN's running mean for `layer`'s inputs of `inputs_shape` (the contracted input
+  axes: a conv's input channels); None when `method` has no IMN. Raises, naming the layer, where
+  IMN has no exact form for it."""
+  if method.imn is None:
+    return None
+  try:
+    axes = kinds.of(layer).imn_axes(layer, len(inputs_shape))
+  except ValueError as e:
+    raise ValueError(f'layer {_name(path)}: {method.name!r} has IMN, but {e}') from None
+  return math.prod(inputs_shape[a] for a in axes)
 
 
 def _slice_path(path, index, stack):
@@ -183,15 +197,9 @@ def _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack):
   specs = method.params(layout.method_shape, methods.Layer(use_bias=use_bias), lambda: None)
   stored = {k: jax.ShapeDtypeStruct(stack + tuple(p.shape), methods.base.stored_dtype(p, dtype))
             for k, p in specs.items()}
-  mean = None
-  if method.imn is not None:
-    shape = jnp.shape(inputs)
-    try:
-      axes = kind.imn_axes(layer, len(shape))
-    except ValueError as e:
-      raise ValueError(f'layer {_name(path)}: {method.name!r} has IMN, but {e}') from None
-    mean = jax.ShapeDtypeStruct(stack + (math.prod(shape[a] for a in axes),),
-                                jnp.promote_types(jnp.result_type(inputs), jnp.float32))
+  width = imn_width(method, layer, jnp.shape(inputs), path)
+  mean = None if width is None else jax.ShapeDtypeStruct(
+      stack + (width,), jnp.promote_types(jnp.result_type(inputs), jnp.float32))
 
   def host(kernel, bias, inputs, fold):
     out, m = convert_layer(method, layer, kernel, bias, inputs, path, fold, stack)
@@ -203,17 +211,13 @@ def _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack):
 
 def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype):
   kind = kinds.of(layer)
-  imn = method.imn is not None
-  if imn:
-    try:
-      axes = kind.imn_axes(layer, len(jnp.shape(inputs)))
-    except ValueError as e:
-      raise ValueError(f'layer {_name(path)}: {method.name!r} has IMN, but {e}') from None
-    if not np.size(inputs):
-      raise ValueError(
-          f'layer {_name(path)}: {method.name!r} has IMN, whose running mean starts at the mean '
-          f'of the layer\'s input on the example batch, but that input is empty (shape '
-          f'{tuple(jnp.shape(inputs))}): pass example inputs with at least one example.')
+  width = imn_width(method, layer, jnp.shape(inputs), path)
+  imn = width is not None
+  if imn and not np.size(inputs):
+    raise ValueError(
+        f'layer {_name(path)}: {method.name!r} has IMN, whose running mean starts at the mean '
+        f'of the layer\'s input on the example batch, but that input is empty (shape '
+        f'{tuple(jnp.shape(inputs))}): pass example inputs with at least one example.')
   kernel = np.asarray(kernel, np.float64)
   bias = np.zeros(layout.units) if bias is None else np.asarray(bias, np.float64)
   if fold is not None:
@@ -245,8 +249,6 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
             for k, v in stored.items()}
   if not imn:
     return stored, None
-  shape = tuple(jnp.shape(inputs))
-  width = math.prod(shape[a] for a in axes)
   mean_dtype = jnp.promote_types(jnp.result_type(inputs), jnp.float32)
   return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
 

@@ -8,11 +8,12 @@ entry that names no layer (a typo would reparameterize the layer it meant to kee
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from geoparam import kinds
 
-__all__ = ['name', 'excluded', 'selected', 'check_selection', 'refused', 'check_where']
+__all__ = ['name', 'excluded', 'selected', 'check_selection', 'refused', 'check_where',
+           'check_arguments']
 
 
 def name(path) -> str:
@@ -38,6 +39,24 @@ def check_where(where) -> None:
     raise TypeError(f'where must be a function where(layer, path) -> bool (or None: every '
                     f'layer), got {where!r:.60} of type {type(where).__name__}; to keep layers '
                     'plain by name use exclude=[...].')
+
+
+def check_arguments(where, exclude, drop_batchnorm) -> tuple[str, ...]:
+  """Checks a whole-model transform's selection arguments (both shells); returns `exclude` as a
+  tuple of names. Raises a TypeError naming the bad one.
+
+    >>> check_arguments(None, 'head', False)
+    ('head',)
+  """
+  names = (exclude,) if isinstance(exclude, str) else exclude
+  names = tuple(names) if isinstance(names, Iterable) else (None,)
+  if not all(isinstance(e, str) for e in names):
+    raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
+                    f"exclude=['head'], got {exclude!r:.60}.")
+  check_where(where)
+  if not isinstance(drop_batchnorm, bool):
+    raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
+  return names
 
 
 def selected(layer, path, where: Callable | None, exclude) -> bool:

@@ -27,8 +27,8 @@ Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import functools
+import itertools
 import math
 import os
 import numbers
@@ -55,7 +55,8 @@ from geoparam.methods.gmp import paper_method
 from geoparam.selection import name as _path_name
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
-           'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'layer_ops']
+           'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'layer_ops',
+           'layout_of', 'converted']
 
 kinds.register(kinds.DENSE, nnx.Linear)
 kinds.register(kinds.CONV, nnx.Conv)
@@ -110,17 +111,16 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
     view = _View(layer, **{kind.kernel: kernel, kind.bias: bias, 'use_bias': bias is not None})
     return _own_call(layer)(view, x, **kwargs)
 
-  tap_mask = None
-  if kind.taps:
-    tap_mask = lambda spatial: conv.tap_mask(layer, spatial,
-                                             probe=lambda k, o: _probe(layer, k, o))
+  probe = functools.partial(_probe, layer)
+  tap_mask = (lambda spatial: conv.tap_mask(layer, spatial, probe)) if kind.taps else None
   return run.LayerOps(run_layer, kind.imn_axes(layer, ndim) if imn else None,
-                      getattr(layer, 'precision', None), tap_mask,
-                      getattr(layer, 'mask', None) if kind.taps else None, layout)
+                      getattr(layer, 'precision', None), tap_mask, layout=layout)
 
 
-def _check_layer(layer, name) -> kinds.Layout:
-  """Raises for layers that cannot be reparameterized; returns the layer's own layout."""
+def layout_of(layer, path=()) -> kinds.Layout:
+  """The `kinds.Layout` of an NNX layer (from its fields); raises, naming `path`, for layers that
+  cannot be reparameterized."""
+  name = _path_name(path)
   kind = kinds.of(layer)
   if kind is None or kind.refused:
     accepted = [f'nnx.{c.__name__}' if c.__module__.startswith('flax') else c.__name__
@@ -132,22 +132,13 @@ def _check_layer(layer, name) -> kinds.Layout:
                      f'{layer.preferred_element_type!r}); leave it None.')
   if kind.taps and getattr(layer, 'mask', None) is not None:
     raise ValueError(f'{name}: a masked {type(layer).__name__} (mask=...) is not supported.')
-  try:
-    return kind.layout(layer, kind.example_shape(layer))
-  except ValueError as e:
-    raise ValueError(f'{name}: {e}') from None
+  return exact.layout_of(layer, kind.example_shape(layer), path)
 
 
-def layout_of(layer, path=()) -> kinds.Layout:
-  """The `kinds.Layout` of an NNX layer (from its fields), errors naming `path`."""
-  return _check_layer(layer, _path_name(path))
-
-
-def _mean_width(layer) -> int:
-  """Width of IMN's running mean: the contracted input axes (a conv's input channels)."""
+def _weights(layer):
+  """`(kernel, bias)` variables of a plain NNX layer (bias None when it has none)."""
   kind = kinds.of(layer)
-  shape = kind.example_shape(layer)
-  return math.prod(shape[a] for a in kind.imn_axes(layer, len(shape)))
+  return getattr(layer, kind.kernel), getattr(layer, kind.bias) if kind.has_bias(layer) else None
 
 
 # ----------------------------------------------------------------------------- variables
@@ -180,12 +171,12 @@ def _param(value, names):
   return nnx.Param(value, out_sharding=names) if names else nnx.Param(value)
 
 
-def _running_mean(stat, x, use_running_average, momentum, axis_name):
-  """IMN's (and MBN's) mean of `x (..., F)`: the batch mean, updating `stat`, or `stat` itself."""
-  mean, new = normalization.mean_step(stat[...], x, use_running_average, momentum, axis_name)
-  if not use_running_average:
-    stat[...] = new
-  return mean
+def _linen_variables(module) -> dict[str, Any]:
+  """The variables in the layout of the module's linen twin, `{'params': ..., 'batch_stats':
+  ...}` (a collection only where the module has variables of it)."""
+  out = {'params': nnx.state(module, nnx.Param).to_pure_dict(),
+         'batch_stats': nnx.state(module, nnx.BatchStat).to_pure_dict()}
+  return {k: v for k, v in out.items() if v}
 
 
 def _mode(module, use_running_average):
@@ -197,14 +188,10 @@ def _mode(module, use_running_average):
   return bool(use_running_average)
 
 
-def _check_positive(name, what, value):
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f'{name} needs {what} >= 1 (an integer), got {value!r}.')
-
-
-_RESERVED = ('layer', 'held_layer', 'method', 'param_names', 'wide_names', 'kernel_shape',
-             'layout', 'layer_has_bias',
-             'kernel_names', 'kernel_dtype', 'use_running_average', 'input_mean_norm')
+def _check_positive(name, **sizes):
+  for what, value in sizes.items():
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+      raise ValueError(f'{name} needs {what} >= 1 (an integer), got {value!r}.')
 
 
 class _Held:
@@ -216,67 +203,84 @@ class _Held:
     self.layer = layer
 
 
-class _Reparameterized(nnx.Module):
-  """A layer (`self.layer`, without its kernel and bias) run with a method's kernel and bias."""
+def _keys(seed):
+  """Keys for initializers when no `rngs` is given (deterministic: initializations from weights)."""
+  count = itertools.count(1)
+  return lambda: jax.random.fold_in(jax.random.key(seed), next(count))
 
-  @property
-  def layer(self) -> nnx.Module:
-    """The wrapped layer's fields (its kernel and bias removed; the method stands for them)."""
-    return self.held_layer.layer
 
-  def _setup(self, layer, method: methods.Method, name: str, rngs: nnx.Rngs | None,
-             use_running_average, layer_init: methods.Layer, kernel_names, params=None):
-    layout = _check_layer(layer, name)
-    kernel_shape = layout.method_shape  # what the method sees
-    method_names = layout.names(kernel_names)
-    methods.base.check_fan_in(method, kernel_shape, name)
+# ----------------------------------------------------------------------------- the wrapper
+
+class Reparam(nnx.Module):
+  """Any method around an NNX layer of a registered kind (`geoparam.kinds`): `nnx.Linear`,
+  `nnx.Conv`, `nnx.LinearGeneral`, `nnx.Einsum`, `nnx.ConvTranspose`, or one you register.
+
+  `Reparam(layer, method, *, rngs=None, use_running_average=False, **options)`:
+  `method` a name in `geoparam.methods.REGISTRY` (with its `options`) or a
+  `Method`. The method's variables start from the layer's current weights (its
+  kernel and bias as the initializers the method reads) or, where the method
+  draws (GmP's paper initialization), from `rngs`; `params` gives them instead
+  (`{name: array}`). The layer's kernel sharding (`out_sharding`) carries to the
+  stored variables. `plain_layer` (and `geoparam.nnx.bake`) give the plain layer back.
+
+  The layer itself runs (its `__call__` on a view of it that sees the method's
+  kernel and bias), so its semantics are Flax's. `GmP`, `LCW`, `CWN`, `WN` and
+  the paper-form classes are this module under their own names.
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import geoparam.nnx as gnnx
+    >>> dense = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    >>> g = gnnx.Reparam(dense, 'gmp', initialization='layer')
+    >>> bool(jnp.allclose(g(jnp.ones((2, 3))), dense(jnp.ones((2, 3))), atol=1e-6))
+    True
+  """
+
+  #: The paper form (`GmPLinear`, `GmPConv`): the scale multiplies after the activation, so the
+  #: module is not its layer with other weights; `bake` leaves it, `plain_layer` refuses.
+  scale_outside = False
+
+  def __init__(self, layer: nnx.Module, method: str | methods.Method = 'gmp', *,
+               rngs: nnx.Rngs | None = None, use_running_average: bool | None = False,
+               params: dict[str, Any] | None = None, **options):
+    name = f'{type(self).__name__}({type(layer).__name__})'
+    method = methods.get(method, **options)
+    layout = layout_of(layer, (name,))
     kind = kinds.of(layer)
-    if method.imn is not None:
-      try:
-        kind.imn_axes(layer, len(kind.example_shape(layer)))
-      except ValueError as e:
-        raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
-    dtype = getattr(layer, 'param_dtype', None) or getattr(layer, kind.kernel).dtype
+    shape = layout.method_shape  # what the method sees
+    methods.base.check_fan_in(method, shape, name)
+    width = exact.imn_width(method, layer, kind.example_shape(layer), (name,))
+    kernel, bias = _weights(layer)
+    dtype = getattr(layer, 'param_dtype', None) or kernel.dtype
+    kernel_names = kernel.get_metadata().get('out_sharding')
+    # a bias-free layer gets the method's bias term only from given params that hold it (the
+    # transform's layers whose BatchNorm is dropped), as in linen (`wrappers.call`)
+    bias_names = methods.base.bias_names(method, shape)
+    use_bias = kind.has_bias(layer) or (
+        params is not None and bool(bias_names) and set(bias_names) <= set(params))
+    # the method draws from the layer's current weights, in its own layout
+    layer_init = methods.Layer(_constant(layout.to_method(kernel[...])),
+                               _constant(bias[...].reshape(-1)) if bias is not None
+                               else nnx.initializers.zeros, use_bias)
 
     def draw(keys):  # the method's initial variables, `{name: (value, sharding names)}`
-      joint = []
-
-      def new_key():
-        if not joint:
-          joint.append(keys())
-        return joint[0]
-
-      specs = method.params(kernel_shape, layer_init, new_key)
+      joint = functools.cache(lambda: keys())  # one key for a joint draw, taken when needed
+      specs = method.params(shape, layer_init, joint)
       return specs, {n: _unbox(p.init(keys(), p.shape, methods.base.stored_dtype(p, dtype)))
                      for n, p in specs.items()}
 
     if params is not None:
-      specs = method.params(kernel_shape, layer_init, lambda: None)
+      specs = method.params(shape, layer_init, lambda: None)
       drawn = {n: (jnp.asarray(params[n]), None) for n in specs}
     else:
-      specs, drawn = draw(rngs.params if rngs is not None else _Keys(0))
+      specs, drawn = draw(rngs.params if rngs is not None else _keys(0))
       if rngs is None and not any(isinstance(v, jax.core.Tracer) for v, _ in drawn.values()):
-        other = draw(_Keys(1))[1]  # a random draw would repeat in every layer of this shape
+        other = draw(_keys(1))[1]  # a random draw would repeat in every layer of this shape
         if any(not np.array_equal(drawn[n][0], other[n][0]) for n in drawn):
           raise ValueError(
               f'{name}: method {method.name!r} draws its initial variables at random; pass '
               "rngs=nnx.Rngs(...) (or start from the layer's weights, e.g. GmP's "
               "initialization='layer').")
-    for pname, spec in specs.items():
-      if pname in _RESERVED or pname.startswith('_'):
-        raise ValueError(f'{name}: method {method.name!r} stores a variable named {pname!r}, '
-                         f'which the NNX module uses itself; rename it.')
-      value, names = drawn[pname]
-      if tuple(jnp.shape(value)) != tuple(spec.shape):
-        raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
-                         f'{jnp.shape(value)}.')
-      setattr(self, pname, _param(value, _sharded(names, spec.shape, kernel_shape, method_names)))
-    self.param_names = tuple(specs)
-    self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
-    if method.imn is not None:
-      mean = jnp.zeros(_mean_width(layer), jnp.promote_types(dtype, jnp.float32))
-      self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
-    self.layer_has_bias = kind.has_bias(layer)
     stripped = nnx.clone(layer)
     delattr(stripped, kind.kernel)
     setattr(stripped, kind.bias, None)
@@ -286,18 +290,41 @@ class _Reparameterized(nnx.Module):
     self.kernel_shape = layout.kernel_shape  # the layer's own; the method's: layout.method_shape
     self.kernel_names = tuple(kernel_names) if kernel_names else None
     self.kernel_dtype = dtype
+    self.layer_has_bias = kind.has_bias(layer)
     self.use_running_average = use_running_average
-    self.stack = ()  # leading axes of a layer stacked by nnx.vmap (`stacked_reparam`)
+    self.stack = ()  # leading axes of a layer stacked by nnx.vmap (`converted`)
+    self.param_names = tuple(specs)
+    self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
+    if width is not None:
+      mean = jnp.zeros(width, jnp.promote_types(dtype, jnp.float32))
+      self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
+    method_names = layout.names(kernel_names)
+    for pname, spec in specs.items():
+      if hasattr(type(self), pname) or pname in vars(self) or pname.startswith('_'):
+        raise ValueError(f'{name}: method {method.name!r} stores a variable named {pname!r}, '
+                         f'which the NNX module uses itself; rename it.')
+      value, names = drawn[pname]
+      if tuple(jnp.shape(value)) != tuple(spec.shape):
+        raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
+                         f'{jnp.shape(value)}.')
+      setattr(self, pname, _param(value, _sharded(names, spec.shape, shape, method_names)))
+
+  @property
+  def layer(self) -> nnx.Module:
+    """The wrapped layer's fields (its kernel and bias removed; the method stands for them)."""
+    return self.held_layer.layer
 
   def params(self) -> dict[str, jax.Array]:
     """The method's stored variables, `{name: array}`."""
     return {n: getattr(self, n)[...] for n in self.param_names}
 
-  def _dispatch(self, inputs, use_running_average, out_sharding=None):
-    """The call: `_pure` on the module's variables, the running mean written back.
+  def __call__(self, inputs, use_running_average: bool | None = None, out_sharding=None):
+    """Applies the layer to `inputs` with its reparameterized kernel and bias (IMN first when the
+    method has it; the paper form: then its activation and scale).
 
-    Traced (inside `nnx.jit`, `nnx.grad`, `nnx.scan`, ...) it runs as is; an eager call runs
-    it as one compiled function (`_eager`), not op by op (~15 dispatches, 3-5x an
+    `out_sharding`: the wrapped layer's own argument (`nnx.MultiHeadAttention` passes it).
+    Traced (inside `nnx.jit`, `nnx.grad`, `nnx.scan`, ...) the call runs as is; an eager call
+    runs it as one compiled function (`_eager`), not op by op (~15 dispatches, 3-5x an
     `nnx.Linear` call).
     """
     imn = self.method.imn
@@ -322,10 +349,7 @@ class _Reparameterized(nnx.Module):
     """`(outputs, new running mean)` from the given variables (none read from `self`)."""
     inputs = jnp.asarray(inputs)
     name = type(self).__name__
-    try:
-      need = kinds.of(self.layer).layout(self.layer, inputs.shape).kernel_shape
-    except ValueError as e:
-      raise ValueError(f'{name}: {e}') from None
+    need = exact.layout_of(self.layer, inputs.shape, (name,)).kernel_shape
     if tuple(need) != self.kernel_shape:
       raise ValueError(f'{name}: the inputs {inputs.shape} need a kernel of shape {tuple(need)}, '
                        f'but the params are for {self.kernel_shape} (the fan_in or the features '
@@ -344,91 +368,11 @@ class _Reparameterized(nnx.Module):
     return self._post(y, params), new_mean[0]
 
   def _post(self, y, params):
-    """What follows the layer (the paper form's activation and scale); nothing by default."""
+    """What follows the layer (the paper form's activation and scale); nothing here."""
     del params
     return y
 
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen twin's layout, `{'params': ..., 'batch_stats': ...}`."""
-    out = {'params': self.params()}
-    if self.method.imn is not None:
-      out['batch_stats'] = {'input_mean_norm': {'mean': self.input_mean_norm['mean'][...]}}
-    return out
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 5, 6))
-def _eager(module, signature, params, mean, inputs, mode, out_sharding=None):
-  """`module._pure` compiled once per module, static attributes (`signature`), mode and shapes.
-
-  A module-level `jax.jit` of the pure core; the module and its static attributes are
-  the static arguments, the variables the traced ones.
-  """
-  del signature
-  return module._pure(params, mean, inputs, mode, out_sharding)
-
-
-class _Keys:
-  """Keys for initializers when no `rngs` is given (deterministic: initializations from weights)."""
-
-  def __init__(self, seed):
-    self.seed, self.count = seed, 0
-
-  def __call__(self):
-    self.count += 1
-    return jax.random.fold_in(jax.random.key(self.seed), self.count)
-
-
-# ----------------------------------------------------------------------------- wrappers
-
-class Reparam(_Reparameterized):
-  """Any method around an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` layer.
-
-  `Reparam(layer, method, *, rngs=None, use_running_average=False, **options)`:
-  `method` a name in `geoparam.methods.REGISTRY` (with its `options`) or a
-  `Method`. The method's variables start from the layer's current weights (its
-  kernel and bias as the initializers the method reads) or, where the method
-  draws (GmP's paper initialization), from `rngs`. The layer's kernel sharding
-  (`out_sharding`) carries to the stored variables. `bake`/`plain_layer` give the
-  plain layer back.
-
-    >>> import jax.numpy as jnp
-    >>> from flax import nnx
-    >>> import geoparam.nnx as gnnx
-    >>> dense = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
-    >>> g = gnnx.Reparam(dense, 'gmp', initialization='layer')
-    >>> bool(jnp.allclose(g(jnp.ones((2, 3))), dense(jnp.ones((2, 3))), atol=1e-6))
-    True
-  """
-
-  def __init__(self, layer: nnx.Module, method: str | methods.Method = 'gmp', *,
-               rngs: nnx.Rngs | None = None, use_running_average: bool | None = False,
-               params: dict[str, Any] | None = None, **options):
-    name = f'{type(self).__name__}({type(layer).__name__})'
-    method = methods.get(method, **options)
-    self._wrap(layer, method, name, rngs, use_running_average, params)
-
-  def _wrap(self, layer, method, name, rngs, use_running_average, params=None):
-    layout = _check_layer(layer, name)
-    kind = kinds.of(layer)
-    kernel, bias = _weights(layer)
-    # a bias-free layer gets the method's bias term only from given params that hold it (the
-    # transform's layers whose BatchNorm is dropped), as in linen (`wrappers.call`)
-    bias_names = methods.base.bias_names(method, layout.method_shape)
-    use_bias = kind.has_bias(layer) or (
-        params is not None and bool(bias_names) and set(bias_names) <= set(params))
-    # the method draws from the layer's current weights, in its own layout
-    layer_init = methods.Layer(_constant(layout.to_method(kernel[...])),
-                               _constant(bias[...].reshape(-1)) if bias is not None
-                               else nnx.initializers.zeros, use_bias)
-    names = kernel.get_metadata().get('out_sharding')
-    self._setup(layer, method, name, rngs, use_running_average, layer_init, names, params)
-
-  def __call__(self, inputs, use_running_average: bool | None = None, out_sharding=None):
-    """Applies the layer to `inputs` with its reparameterized kernel and bias.
-
-    `out_sharding`: the wrapped layer's own argument (`nnx.MultiHeadAttention` passes it).
-    """
-    return self._dispatch(inputs, use_running_average, out_sharding)
+  linen_variables = _linen_variables
 
   def plain_layer(self, *, approximate_borders: bool = False, carry_bias: bool = False,
                   path: tuple = ()):
@@ -440,9 +384,10 @@ class Reparam(_Reparameterized):
     path in the model, for error messages (default: the wrapper's type).
     """
     path = tuple(path) or (type(self).__name__,)
-    mean = None
-    if self.method.imn is not None:
-      mean = np.asarray(self.input_mean_norm['mean'][...], np.float64)
+    if self.scale_outside:
+      raise TypeError(f'{_path_name(path)}: the scale of a {type(self).__name__} multiplies '
+                      'after its activation, so no plain layer computes it.')
+    mean = None if self.method.imn is None else np.asarray(self.input_mean_norm['mean'][...])
     kernel, bias = exact.plain_layer(self.method, self.layer, self.params(), self.layout, mean,
                                      path, approximate_borders, self.stack)
     plain = nnx.clone(self.layer)
@@ -458,45 +403,54 @@ class Reparam(_Reparameterized):
     return plain, bias
 
 
-def _weights(layer):
-  """`(kernel, bias)` variables of a plain NNX layer (bias None when it has none)."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 5, 6))
+def _eager(module, signature, params, mean, inputs, mode, out_sharding=None):
+  """`module._pure` compiled once per module, static attributes (`signature`), mode and shapes.
+
+  A module-level `jax.jit` of the pure core; the module and its static attributes are
+  the static arguments, the variables the traced ones.
+  """
+  del signature
+  return module._pure(params, mean, inputs, mode, out_sharding)
+
+
+def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), fold=None, *,
+              use_running_average: bool | None = False) -> Reparam:
+  """`Reparam` of `layer` holding its current weights converted exactly
+  (`geoparam.exact.convert_layer`): what `geoparam.nnx.reparameterize` puts in its place.
+
+  `inputs`: the layer's input on an example batch (calibrates IMN; None: a zero example);
+  `fold`: a following BatchNorm's `(s, t)` folded in. A layer stacked on leading axes by
+  `nnx.vmap` (run by `nnx.scan`) gets its variables stacked the same way (`module.stack`);
+  `nnx.scan` hands each step one layer's slice.
+  """
+  layout = layout_of(layer, path)
   kind = kinds.of(layer)
-  return getattr(layer, kind.kernel), getattr(layer, kind.bias) if kind.has_bias(layer) else None
-
-
-def stacked_axes(layer: nnx.Module, path=()) -> tuple[int, ...]:
-  """The leading axes `nnx.vmap` stacked `layer`'s variables on (`()` for a layer of its own):
-  its kernel is the one its fields describe with these axes in front."""
-  layout = _check_layer(layer, _path_name(path))
-  return exact.stack_of(_weights(layer)[0].shape, layout, path)
-
-
-def stacked_reparam(layer: nnx.Module, method: methods.Method, stack: tuple[int, ...], stored,
-                    mean=None, *, use_running_average: bool | None = False) -> Reparam:
-  """`Reparam` of a layer stacked on leading `stack` axes (made by `nnx.vmap`, run by
-  `nnx.scan`), its variables stacked the same way: `stored` `{name: (*stack, ...)}`, IMN's
-  `mean` `(*stack, width)` (None: zeros). `nnx.scan` hands each step one layer's slice."""
+  kernel, bias = (None if v is None else v[...] for v in _weights(layer))
+  stack = exact.stack_of(jnp.shape(kernel), layout, path)
+  if inputs is None:
+    inputs = jnp.zeros(kind.example_shape(layer))
+  stored, mean = exact.convert_layer(method, layer, kernel, bias, inputs, path, fold, stack)
   first = (0,) * len(stack)
-  one = nnx.clone(layer)
-  kind = kinds.of(layer)
-  kernel, bias = _weights(layer)
-  setattr(one, kind.kernel, nnx.Param(kernel[...][first]))
-  if bias is not None:
-    setattr(one, kind.bias, nnx.Param(bias[...][first]))
-  module = Reparam(one, method, use_running_average=use_running_average,
+  if stack:  # one layer of the stack: what the module's fields and variables are made from
+    layer = nnx.clone(layer)
+    setattr(layer, kind.kernel, nnx.Param(kernel[first]))
+    if bias is not None:
+      setattr(layer, kind.bias, nnx.Param(bias[first]))
+  module = Reparam(layer, method, use_running_average=use_running_average,
                    params={k: v[first] for k, v in stored.items()})
-  for name in module.param_names:
-    getattr(module, name).set_value(jnp.asarray(stored[name]))
-  if method.imn is not None:
+  if stack:
+    for name in module.param_names:
+      getattr(module, name).set_value(jnp.asarray(stored[name]))
+  if mean is not None:
     stat = module.input_mean_norm['mean']
-    stat.set_value(jnp.broadcast_to(stat[...], stack + stat.shape) if mean is None
-                   else jnp.asarray(mean, stat.dtype))
+    stat.set_value(jnp.asarray(mean, stat.dtype))
   module.stack = tuple(stack)
   return module
 
 
 class GmP(Reparam):
-  """Geometric parameterization of an `nnx.Linear`/`nnx.Conv`/`nnx.LinearGeneral` layer.
+  """Geometric parameterization of an NNX layer: `Reparam(layer, 'gmp')` (or `'gmp_imn'`).
 
   Same semantics as the linen `geoparam.GmP`: the layer computes with
   `kernel = scale * u(theta)` and `bias = scale * lam`; follow it with the
@@ -517,24 +471,17 @@ class GmP(Reparam):
 
   def __init__(self, layer, *, rngs=None, use_running_average=False, input_mean_norm=False,
                momentum=0.99, axis_name=None, **options):
-    name = f'GmP({type(layer).__name__})'
     if input_mean_norm:
-      method = methods.get('gmp_imn', momentum=momentum, axis_name=axis_name, **options)
-    else:
-      method = methods.get('gmp', **options)
-    if options.get('initialization', 'paper') == 'paper' and rngs is None:
-      raise ValueError(f"{name}: initialization='paper' draws the directions; pass "
-                       "rngs=nnx.Rngs(...), or initialization='layer' to start from the "
-                       "layer's weights.")
-    self._wrap(layer, method, name, rngs, use_running_average)
+      options.update(momentum=momentum, axis_name=axis_name)
+    super().__init__(layer, 'gmp_imn' if input_mean_norm else 'gmp', rngs=rngs,
+                     use_running_average=use_running_average, **options)
 
 
 class LCW(Reparam):
   """Linearly constrained weights (kernel `B v`) of an NNX layer; `v` from its current kernel."""
 
   def __init__(self, layer, *, rngs=None, use_running_average=False):
-    self._wrap(layer, methods.get('lcw'), f'LCW({type(layer).__name__})', rngs,
-               use_running_average)
+    super().__init__(layer, 'lcw', rngs=rngs, use_running_average=use_running_average)
 
 
 class CWN(Reparam):
@@ -542,8 +489,8 @@ class CWN(Reparam):
 
   def __init__(self, layer, *, rngs=None, use_running_average=False,
                scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
-    self._wrap(layer, methods.get('cwn', scale_init=scale_init, epsilon=epsilon),
-               f'CWN({type(layer).__name__})', rngs, use_running_average)
+    super().__init__(layer, 'cwn', rngs=rngs, use_running_average=use_running_average,
+                     scale_init=scale_init, epsilon=epsilon)
 
 
 class WN(Reparam):
@@ -551,35 +498,42 @@ class WN(Reparam):
 
   def __init__(self, layer, *, rngs=None, use_running_average=False,
                scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
-    self._wrap(layer, methods.get('wn', scale_init=scale_init, epsilon=epsilon),
-               f'WN({type(layer).__name__})', rngs, use_running_average)
+    super().__init__(layer, 'wn', rngs=rngs, use_running_average=use_running_average,
+                     scale_init=scale_init, epsilon=epsilon)
 
 
 # ----------------------------------------------------------------------------- paper-form layers
 
-class _Paper(_Reparameterized):
-  """A paper-form layer: its own NNX layer (built here) run with its method."""
+class _GmPPaper(Reparam):
+  """`scale * act(u(theta)^T x + lam)`: the NNX layer `_LAYER(in_features, out_features, *args,
+  **fields)` it builds, run with GmP's paper method (kernel `u`, bias `lam`), then the
+  activation and the scale (`_post`)."""
 
-  def _build(self, layer, method, rngs, use_running_average):
-    self._setup(layer, method, type(self).__name__, rngs, use_running_average, methods.Layer(),
-                None)
+  scale_outside = True
 
-
-class _GmPPaper(_Paper):
-
-  def _gmp(self, layer, *, rngs, use_running_average, activation, fields):
+  def __init__(self, in_features: int, out_features: int, *args, rngs: nnx.Rngs,
+               use_running_average: bool | None = False, activation=jax.nn.relu,
+               input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
+               theta_init=initializers.sphere_uniform(), lam_init=nnx.initializers.zeros,
+               scale_init=None, glorot_scale: bool = False, **fields):
+    name = type(self).__name__
+    _check_positive(name, in_features=in_features, out_features=out_features)
     if activation is not None and not callable(activation):
-      raise TypeError(f'{type(self).__name__}: activation must be a function (e.g. nnx.relu) or '
-                      f'None for linear, got {activation!r}.')
-    self.activation = activation
-    self.dtype = fields['dtype']
-    fields = types.SimpleNamespace(features=layer.out_features, **fields)
-    method = paper_method(fields, math.prod(layer.kernel.shape[:-1]))
-    self._build(layer, method, rngs, use_running_average)
-
-  def __call__(self, inputs, use_running_average: bool | None = None):
-    """`scale * act(u^T x + lam)` (IMN first when enabled)."""
-    return self._dispatch(inputs, use_running_average)
+      raise TypeError(f'{name}: activation must be a function (e.g. nnx.relu) or None for '
+                      f'linear, got {activation!r}.')
+    # lam: the paper's unit has a bias; the kernel is not read (the method draws u)
+    layer = self._LAYER(in_features, out_features, *args, use_bias=True,
+                        kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0), **fields)
+    paper = types.SimpleNamespace(
+        features=out_features, input_mean_norm=input_mean_norm, momentum=momentum,
+        axis_name=axis_name, theta_init=theta_init, lam_init=lam_init, scale_init=scale_init,
+        glorot_scale=glorot_scale)
+    method = paper_method(paper, math.prod(layer.kernel.shape[:-1]))
+    super().__init__(layer, method, rngs=rngs, use_running_average=use_running_average)
+    self.activation, self.dtype = activation, layer.dtype
+    self.in_features, self.out_features = in_features, out_features
+    if hasattr(layer, 'kernel_size'):
+      self.kernel_size = layer.kernel_size
 
   def _post(self, y, params):
     if self.activation is not None:
@@ -588,87 +542,40 @@ class _GmPPaper(_Paper):
     return scale * y
 
 
-def _gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init, lam_init, scale_init,
-                glorot_scale):
-  return dict(input_mean_norm=input_mean_norm, momentum=momentum, axis_name=axis_name,
-              dtype=dtype, theta_init=theta_init, lam_init=lam_init, scale_init=scale_init, glorot_scale=glorot_scale)
-
-
-def _check_sizes(name, in_features, out_features):
-  _check_positive(name, 'in_features', in_features)
-  if (isinstance(out_features, bool) or not isinstance(out_features, numbers.Integral)
-      or out_features < 1):
-    raise ValueError(f'{name}: features must be a positive integer, got {out_features!r}.')
-
-
-def _tuple(kernel_size):
-  return (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(kernel_size)
-
-
 class GmPLinear(_GmPPaper):
   """`scale * act(u(theta)^T x + lam)`: `geoparam.GmPDense` as a native NNX module.
 
   `GmPLinear(in_features, out_features, *, rngs, **fields)`; fields as
   `geoparam.GmPDense` (`activation`, `input_mean_norm`, `momentum`, `axis_name`,
-  `dtype`, `param_dtype`, `precision`, `theta_init`, `lam_init`, `scale_init`,
-  `glorot_scale`). State: `theta (in_features - 1, out_features)`, `lam`,
-  `scale` (+ `sign` at in_features 1), and with IMN `input_mean_norm['mean']`.
+  `theta_init`, `lam_init`, `scale_init`, `glorot_scale`) and those of
+  `nnx.Linear` (`dtype`, `param_dtype`, `precision`, ...). State:
+  `theta (in_features - 1, out_features)`, `lam`, `scale` (+ `sign` at
+  in_features 1), and with IMN `input_mean_norm['mean']`.
   """
-
-  def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs,
-               use_running_average: bool | None = False, activation=jax.nn.relu,
-               input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
-               dtype=None, param_dtype=jnp.float32, precision=None,
-               theta_init=initializers.sphere_uniform(), lam_init=nnx.initializers.zeros,
-               scale_init=None, glorot_scale: bool = False):
-    _check_sizes('GmPLinear', in_features, out_features)
-    layer = nnx.Linear(in_features, out_features, dtype=dtype, param_dtype=param_dtype,
-                       precision=precision, kernel_init=nnx.initializers.zeros,
-                       rngs=nnx.Rngs(0))
-    self.in_features, self.out_features = in_features, out_features
-    self._gmp(layer, rngs=rngs, use_running_average=use_running_average, activation=activation,
-              fields=_gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init,
-                                 lam_init, scale_init, glorot_scale))
+  _LAYER = nnx.Linear
 
 
 class GmPConv(_GmPPaper):
   """`geoparam.GmPConv` as a native NNX module: `GmPConv(in, out, kernel_size, strides, *, rngs)`.
 
-  Fields as `geoparam.GmPConv` (`padding`, `input_dilation`, `kernel_dilation`,
-  `feature_group_count`, `activation`, `input_mean_norm`, ...).
+  Fields as `GmPLinear`, and those of `nnx.Conv` (`padding`, `input_dilation`,
+  `kernel_dilation`, `feature_group_count`, ...).
   """
-
-  def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
-               strides: int | Sequence[int] = 1, *, rngs: nnx.Rngs,
-               use_running_average: bool | None = False, padding='SAME', input_dilation=1,
-               kernel_dilation=1, feature_group_count: int = 1, activation=jax.nn.relu,
-               input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
-               dtype=None, param_dtype=jnp.float32, precision=None,
-               theta_init=initializers.sphere_uniform(), lam_init=nnx.initializers.zeros,
-               scale_init=None, glorot_scale: bool = False):
-    _check_sizes('GmPConv', in_features, out_features)
-    kernel_size = _tuple(kernel_size)
-    layer = nnx.Conv(in_features, out_features, kernel_size, strides, padding=padding,
-                     input_dilation=input_dilation, kernel_dilation=kernel_dilation,
-                     feature_group_count=feature_group_count, dtype=dtype,
-                     param_dtype=param_dtype, precision=precision,
-                     kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0))
-    self.in_features, self.out_features, self.kernel_size = in_features, out_features, kernel_size
-    self._gmp(layer, rngs=rngs, use_running_average=use_running_average, activation=activation,
-              fields=_gmp_fields(input_mean_norm, momentum, axis_name, dtype, theta_init,
-                                 lam_init, scale_init, glorot_scale))
+  _LAYER = nnx.Conv
 
 
 class _Constrained(Reparam):
-  """A method (`_METHOD`, with `options`) around the NNX layer `_LAYER(*args, **fields)`: the
-  paper-form LCW/CWN classes, with the Flax layer's own fields and semantics."""
+  """A method (`_METHOD`, with `options`) around the NNX layer `_LAYER(in_features, out_features,
+  *args, **fields)`: the paper-form LCW/CWN classes, with the Flax layer's own fields."""
 
-  def __init__(self, *args, rngs: nnx.Rngs | None = None, **fields):
+  def __init__(self, in_features: int, out_features: int, *args, rngs: nnx.Rngs | None = None,
+               **fields):
     options = {k: fields.pop(k) for k in self._OPTIONS if k in fields}
-    _check_sizes(type(self).__name__, *args[:2])
-    layer = self._LAYER(*args, rngs=rngs if rngs is not None else nnx.Rngs(0), **fields)
+    _check_positive(type(self).__name__, in_features=in_features, out_features=out_features)
+    layer = self._LAYER(in_features, out_features, *args,
+                        rngs=rngs if rngs is not None else nnx.Rngs(0), **fields)
     super().__init__(layer, self._METHOD, **options)
-    self.in_features, self.out_features = layer.in_features, layer.out_features
+    self.in_features, self.out_features = in_features, out_features
 
 
 class LCWLinear(_Constrained):
@@ -712,22 +619,22 @@ class InputMeanNorm(nnx.Module):
                use_running_average: bool | None = False, momentum: float = 0.99,
                axis_name: str | None = None):
     del rngs
-    _check_positive('InputMeanNorm', 'in_features', num_features)
+    _check_positive('InputMeanNorm', in_features=num_features)
     if not 0.0 <= momentum <= 1.0:
       raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
     self.num_features, self.momentum, self.axis_name = num_features, momentum, axis_name
     self.use_running_average = use_running_average
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
 
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen module's layout."""
-    return {'batch_stats': {'mean': self.mean[...]}}
+  linen_variables = _linen_variables
 
   def __call__(self, x, use_running_average: bool | None = None):
     """Centres `x (..., num_features)` over all but the last axis."""
     x = jnp.asarray(x)
-    mean = _running_mean(self.mean, x, _mode(self, use_running_average), self.momentum,
-                         self.axis_name)
+    mode = _mode(self, use_running_average)
+    mean, new = normalization.mean_step(self.mean[...], x, mode, self.momentum, self.axis_name)
+    if not mode:
+      self.mean[...] = new
     return x - mean.astype(x.dtype)
 
 
@@ -743,12 +650,6 @@ class MeanOnlyBatchNorm(InputMeanNorm):
     key = rngs.params() if rngs is not None else jax.random.key(0)
     self.bias = nnx.Param(bias_init(key, (num_features,), param_dtype)) if use_bias else None
 
-  def linen_variables(self) -> dict[str, Any]:
-    out = super().linen_variables()
-    if self.bias is not None:
-      out['params'] = {'bias': self.bias[...]}
-    return out
-
   def __call__(self, x, use_running_average: bool | None = None):
     """Centres pre-activations `x (..., num_features)` and adds the bias."""
     y = super().__call__(x, use_running_average)
@@ -762,24 +663,17 @@ class PReLU(nnx.Module):
                channel_shared: bool = False, negative_slope_init: float = 0.25, dtype=None,
                param_dtype=jnp.float32):
     del rngs
-    _check_positive('PReLU', 'in_features', num_features)
+    _check_positive('PReLU', in_features=num_features)
     if not math.isfinite(negative_slope_init):
       raise ValueError(f'PReLU needs a finite negative_slope_init, got {negative_slope_init}.')
     shape = () if channel_shared else (num_features,)
     self.num_features, self.dtype = num_features, dtype
     self.negative_slope = nnx.Param(jnp.full(shape, negative_slope_init, param_dtype))
 
-  def linen_variables(self) -> dict[str, Any]:
-    """The variables in the linen module's layout."""
-    return {'params': {'negative_slope': self.negative_slope[...]}}
+  linen_variables = _linen_variables
 
   def __call__(self, x):
     """Applies PReLU elementwise to `x (..., num_features)`."""
     x, slope = nnx.nn.dtypes.promote_dtype((jnp.asarray(x), self.negative_slope[...]),
                                            dtype=self.dtype)
     return activations.prelu(x, slope)
-
-
-def example_input(layer: nnx.Module) -> jax.Array:
-  """A small zero input that `layer` accepts (batch 1; shapes of its kernel)."""
-  return jnp.zeros(kinds.of(layer).example_shape(layer))

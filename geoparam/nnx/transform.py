@@ -70,7 +70,6 @@ class DroppedBatchNorm(nnx.Module):
 
 
 _name = selection.name
-_selected = selection.selected
 
 
 def _replace(model, path, new):
@@ -142,9 +141,10 @@ def _paths_by_id(node, path=(), out=None, stack=()):
   return out
 
 
-def reparameterize(model: nnx.Module, method: str | methods.Method, *example_args, where: Where | None = None,
-                   exclude: Iterable[str] = (), drop_batchnorm: bool = False,
-                   use_running_average: bool | None = None, **options):
+def reparameterize(model: nnx.Module, method: str | methods.Method, *example_args,
+                   where: Where | None = None, exclude: Iterable[str] = (),
+                   drop_batchnorm: bool = False, use_running_average: bool | None = None,
+                   **options):
   """Replaces `model`'s kernel layers (`geoparam.kinds`) by `method`'s wrapper, in place, exactly.
 
   Each selected layer becomes `geoparam.nnx.Reparam(layer, method)` holding that
@@ -176,9 +176,6 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     `model`. Raises ValueError naming the layer when no exact form exists (see
     `geoparam.transform.to_reparameterized`).
   """
-  if isinstance(exclude, str):
-    exclude = (exclude,)
-  exclude = tuple(exclude)
   method = methods.get(method, **options)  # unknown methods and options fail before any change
   if not isinstance(model, nnx.Module):
     hint = ('pass an instance' if isinstance(model, type) else
@@ -186,22 +183,20 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
             'pass the NNX module itself')
     raise TypeError(f'geoparam.nnx.reparameterize takes an nnx.Module instance, got '
                     f'{model!r:.80} ({type(model).__name__}): {hint}.')
-  selection.check_where(where)
-  if not isinstance(drop_batchnorm, bool):
-    raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
+  exclude = selection.check_arguments(where, exclude, drop_batchnorm)
   nodes = list(nnx.iter_graph(model))
+  seen = [p for p, n in nodes if kinds.of(n) is not None or isinstance(n, nnx.BatchNorm)]
+  layers, norms = {}, {}  # the selected kernel layers and (drop_batchnorm) BatchNorms
   for path, node in nodes:
     kind = kinds.of(node)
-    if kind is not None and kind.refused and _selected(node, path, where, exclude):
+    norm = drop_batchnorm and isinstance(node, nnx.BatchNorm)
+    if (kind is None and not norm) or not selection.selected(node, path, where, exclude):
+      continue
+    if kind is not None and kind.refused:
       raise selection.refused(node, path, 'nnx')
-  layers = {p: n for p, n in nodes if kinds.of(n) is not None and not kinds.of(n).refused
-            and _selected(n, p, where, exclude)}
-  norms = {p: n for p, n in nodes if drop_batchnorm and isinstance(n, nnx.BatchNorm)
-           and _selected(n, p, where, exclude)}
-  selection.check_selection(
-      type(model).__name__, method.name,
-      [p for p, n in nodes if kinds.of(n) is not None or isinstance(n, nnx.BatchNorm)],
-      list(layers), where, exclude, 'holds')
+    (layers if kind is not None else norms)[path] = node
+  selection.check_selection(type(model).__name__, method.name, seen, list(layers), where,
+                            exclude, 'holds')
   paths = _paths_by_id(model)
   for path, node in {**layers, **norms}.items():
     if len(paths.get(id(node), ())) > 1:
@@ -215,7 +210,6 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
   if use_running_average is None:
     use_running_average = next((n.use_running_average for _, n in nodes if isinstance(
         n, nnx.Module) and getattr(n, 'use_running_average', None) is not None), True)
-  stacked = {path: modules.stacked_axes(layer, path) for path, layer in layers.items()}
   calls = _record(model, list(layers) + list(norms), example_args) if example_args else {}
   folds, dropped = {}, {}
   for bn_path, bn in norms.items():
@@ -236,23 +230,9 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
         bn.mean[...], bn.var[...], bn.epsilon, bn.scale[...] if bn.use_scale else None,
         bn.bias[...] if bn.use_bias else None)
     dropped[bn_path] = producer[0]
-  converted = {}
-  for path, layer in layers.items():
-    inputs = calls[path][0] if path in calls else modules.example_input(layer)
-    kernel, bias = modules._weights(layer)
-    stack = stacked[path]
-    stored, mean = exact.convert_layer(method, layer, kernel[...],
-                                       None if bias is None else bias[...], inputs, path,
-                                       folds.get(path), stack)
-    if stack:
-      wrapper = modules.stacked_reparam(layer, method, stack, stored, mean,
-                                        use_running_average=use_running_average)
-    else:
-      wrapper = modules.Reparam(layer, method, use_running_average=use_running_average,
-                                params=stored)
-      if mean is not None:
-        wrapper.input_mean_norm['mean'][...] = jnp.asarray(mean)
-    converted[path] = wrapper
+  converted = {p: modules.converted(n, method, calls.get(p, (None,))[0], p, folds.get(p),
+                                    use_running_average=use_running_average)
+               for p, n in layers.items()}  # inputs None: a layer that did not run
   for path, wrapper in converted.items():
     _replace(model, path, wrapper)
   for bn_path, producer in dropped.items():
@@ -277,13 +257,12 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
     raise TypeError(f'geoparam.nnx.bake takes an nnx.Module, got a {type(model).__name__}: '
                     f'{hint}.')
   nodes = list(nnx.iter_graph(model))
+  producers = {n.producer for _, n in nodes if isinstance(n, DroppedBatchNorm)}
   plain, biases = {}, {}
   for path, node in nodes:
-    if isinstance(node, modules.Reparam):
+    if isinstance(node, modules.Reparam) and not node.scale_outside:
       layer, bias = node.plain_layer(approximate_borders=approximate_borders,
-                                     carry_bias=any(
-                                         isinstance(n, DroppedBatchNorm) and n.producer == path
-                                         for _, n in nodes), path=path)
+                                     carry_bias=path in producers, path=path)
       plain[path] = layer
       if not node.layer_has_bias:
         biases[path] = bias
@@ -297,20 +276,13 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
       bn.var.set_value(jnp.ones(shape, node.stats_dtype))
       if node.use_scale:
         bn.scale.set_value(jnp.full(shape, math.sqrt(1.0 + node.epsilon), bn.scale.dtype))
+      carried = biases.pop(node.producer, 0.0)  # the bias of a layer that has none
       if node.use_bias:
-        bn.bias.set_value(jnp.zeros(shape, bn.bias.dtype))
-      carried = biases.pop(node.producer, None)
-      if carried is not None:
-        if not node.use_bias and np.any(carried != 0):
-          raise ValueError(f'layer {_name(node.producer)}: its nonzero bias has no place in the '
-                           'plain model (the layer and the BatchNorm after it have no bias).')
-        if node.use_bias:
-          bn.bias[...] = jnp.asarray(carried, bn.bias.dtype)
+        bn.bias.set_value(jnp.broadcast_to(jnp.asarray(carried, bn.bias.dtype), shape))
+      elif np.any(carried != 0):
+        raise ValueError(f'layer {_name(node.producer)}: its nonzero bias has no place in the '
+                         'plain model (the layer and the BatchNorm after it have no bias).')
       plain[path] = bn
-  for path, bias in biases.items():
-    if np.any(bias != 0):
-      raise ValueError(f'layer {_name(path)} has use_bias=False in the plain model, but its '
-                       'reparameterized form has a nonzero bias: no plain weights match.')
   for path, new in plain.items():
     _replace(model, path, new)
   return model
