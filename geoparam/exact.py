@@ -21,7 +21,7 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bn_affine', 'check_fold', 'stack_of', 'layout_of', 'imn_width', 'convert_layer',
+__all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'stack_of', 'layout_of', 'imn_width', 'convert_layer',
            'plain_layer']
 
 
@@ -251,6 +251,18 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
     return stored, None
   mean_dtype = jnp.promote_types(jnp.result_type(inputs), jnp.float32)
   return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
+
+
+def bias_free_error(method, path) -> ValueError:
+  """The error of a layer with `use_bias=False` whose reparameterized form needs a bias."""
+  why = ('its reparameterized form has a nonzero bias' if method.imn is None else
+         f"IMN's running mean of its input moved from 0 in training, and {method.name!r} "
+         'subtracts it (u^T (x - m) = u^T x - u^T m), which needs a bias')
+  return ValueError(
+      f'bake: layer {_name(path)} has use_bias=False in the plain model (and no dropped '
+      f'BatchNorm after it to carry a bias), but {why}: no plain weights match. Leave such '
+      'layers plain (exclude=[...] or a where= that skips bias-free layers), or drop the '
+      'BatchNorm after them (drop_batchnorm=True), which takes the bias.')
 
 
 def plain_layer(method, layer, stored, layout: kinds.Layout, mean, path=(),

@@ -41,7 +41,8 @@ def check_where(where) -> None:
                     'plain by name use exclude=[...].')
 
 
-def check_arguments(where, exclude, drop_batchnorm) -> tuple[str, ...]:
+def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
+                    method=None) -> tuple[str, ...]:
   """Checks a whole-model transform's selection arguments (both shells); returns `exclude` as a
   tuple of names. Raises a TypeError naming the bad one.
 
@@ -56,6 +57,13 @@ def check_arguments(where, exclude, drop_batchnorm) -> tuple[str, ...]:
   check_where(where)
   if not isinstance(drop_batchnorm, bool):
     raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
+  if use_running_average is not None and not isinstance(use_running_average, bool):
+    raise TypeError(f'use_running_average must be None, True or False, got '
+                    f'{use_running_average!r}.')
+  if use_running_average is not None and method is not None and method.imn is None:
+    raise ValueError(f'use_running_average={use_running_average} switches IMN\'s running mean, '
+                     f'but method {method.name!r} has no IMN: leave it out (or use a method with '
+                     "IMN, e.g. 'gmp_imn').")
   return names
 
 

@@ -330,23 +330,9 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
             else 'pass the flax.linen Module instance itself')
     raise TypeError(f'reparameterize takes a flax.linen Module instance, got {model!r:.80} '
                     f'({type(model).__name__}): {hint}.')
-  if isinstance(exclude, str):
-    exclude = (exclude,)
-  if not isinstance(exclude, Iterable) or not all(isinstance(e, str) for e in exclude):
-    raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
-                    f"exclude=['head'], got {exclude!r:.60}.")
-  selection.check_where(where)
-  if not isinstance(drop_batchnorm, bool):
-    raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
-  if use_running_average is not None and not isinstance(use_running_average, bool):
-    raise TypeError(f'use_running_average must be None, True or False, got '
-                    f'{use_running_average!r}.')
   built = methods.get(method, **options)  # unknown methods and options fail here, not at a call
-  if use_running_average is not None and built.imn is None:
-    raise ValueError(f'use_running_average={use_running_average} switches IMN\'s running mean, '
-                     f'but method {built.name!r} has no IMN: leave it out (or use a method with '
-                     "IMN, e.g. 'gmp_imn').")
-  return Reparameterized(model, method, where=where, exclude=tuple(exclude),
+  exclude = selection.check_arguments(where, exclude, drop_batchnorm, use_running_average, built)
+  return Reparameterized(model, method, where=where, exclude=exclude,
                          drop_batchnorm=drop_batchnorm, use_running_average=use_running_average,
                          options=flax.core.FrozenDict(options))
 
@@ -643,12 +629,5 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     del new['batch_stats']  # IMN's running means were all there was
   for layer_path, bias in biases.items():
     if np.any(bias != 0):
-      why = ('its reparameterized form has a nonzero bias' if method.imn is None else
-             f"IMN's running mean of its input moved from 0 in training, and {method.name!r} "
-             'subtracts it (u^T (x - m) = u^T x - u^T m), which needs a bias')
-      raise ValueError(
-          f'bake: layer {_name(layer_path)} has use_bias=False in the plain model (and no '
-          f'dropped BatchNorm after it to carry a bias), but {why}: no plain weights match. '
-          'Leave such layers plain (exclude=[...] or a where= that skips bias-free layers), or '
-          'drop the BatchNorm after them (drop_batchnorm=True), which takes the bias.')
+      raise exact.bias_free_error(method, layer_path)
   return new

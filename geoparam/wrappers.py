@@ -347,10 +347,7 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   if method.imn is not None and not inputs.size:
     if not (imn_field if use_running_average is None else use_running_average) or (
         holder.is_initializing()):
-      raise ValueError(
-          f'{name}: {method.name!r} has IMN, which subtracts the batch mean of the inputs in '
-          f'training and init, but the inputs (shape {inputs.shape}) hold no example: the mean of '
-          'none is undefined (nn.BatchNorm gives NaN); pass a batch of at least one example.')
+      run.check_examples(method, inputs.shape, name)
     method = method._replace(imn=None)  # evaluation: the empty output, as the plain layer's
   input_mean = None
   if method.imn is not None:

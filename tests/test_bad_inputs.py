@@ -556,3 +556,61 @@ def test_set_learning_rate_refuses_what_is_no_rate():
     with pytest.raises(error, match='lr must be'):
       schedules.set_learning_rate(state, bad)
   assert float(schedules.set_learning_rate(state, 0.0).hyperparams['learning_rate']) == 0.0
+
+
+def test_nnx_sweep_inputs_get_clear_errors_or_the_right_answer():
+  """The NNX side of the sweep: each was obscure (ZeroDivisionError, IndexError, 'int' is not
+  iterable, AttributeError, str comparisons) or silent (truthy flags, ignored momentum or
+  use_running_average, one fixed key for every constrained layer)."""
+  from flax import nnx
+  import geoparam.nnx as gnnx
+  linear = lambda: nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+  imn = gnnx.Reparam(linear(), 'gmp_imn', rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"'gmp_imn' has IMN, .* hold no example"):
+    imn(jnp.ones((0, 3)))
+  x = jnp.ones((2, 3))
+  one = gnnx.reparameterize(linear(), 'gmp', x, initialization='layer')  # a one-layer model
+  assert isinstance(one, gnnx.Reparam)
+  np.testing.assert_allclose(one(x), linear()(x), atol=1e-6)
+  back = gnnx.bake(one)
+  assert isinstance(back, nnx.Linear)
+  np.testing.assert_allclose(back(x), linear()(x), atol=1e-6)
+  with pytest.raises(TypeError, match=r'exclude must be layer names'):
+    gnnx.reparameterize(linear(), 'gmp', exclude=3)
+  with pytest.raises(TypeError, match=r"use_running_average must be None, True or False, got 'no'"):
+    gnnx.reparameterize(linear(), 'gmp_imn', use_running_average='no')
+  with pytest.raises(ValueError, match=r"method 'gmp' has no IMN"):
+    gnnx.reparameterize(linear(), 'gmp', use_running_average=True)
+  with pytest.raises(TypeError, match=r"use_running_average must be None, True or False"):
+    gnnx.Reparam(linear(), 'gmp_imn', rngs=nnx.Rngs(0), use_running_average='no')(x)
+  with pytest.raises(TypeError, match=r'approximate_borders must be True or False'):
+    gnnx.bake(one, approximate_borders='yes')
+  with pytest.raises(TypeError, match=r'takes an NNX layer, got a flax.linen.*Dense .*'
+                                      r'geoparam.Reparam'):
+    gnnx.Reparam(nn.Dense(3), 'gmp', rngs=nnx.Rngs(0))
+  for make in (lambda **kw: gnnx.GmP(linear(), rngs=nnx.Rngs(0), **kw),
+               lambda **kw: gnnx.GmPLinear(3, 4, rngs=nnx.Rngs(0), **kw)):
+    with pytest.raises(TypeError, match=r"input_mean_norm must be True or False, got 'yes'"):
+      make(input_mean_norm='yes')
+    with pytest.raises(ValueError, match=r'momentum must be in \[0, 1\] \(a number\), got 2.0'):
+      make(momentum=2.0)
+  with pytest.raises(TypeError, match=r"glorot_scale must be True or False, got 'yes'"):
+    gnnx.GmPLinear(3, 4, rngs=nnx.Rngs(0), glorot_scale='yes')
+  with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(a number\), got '0.9'"):
+    gnnx.InputMeanNorm(3, momentum='0.9')
+  with pytest.raises(TypeError, match=r'negative_slope_init must be a finite number'):
+    gnnx.PReLU(3, negative_slope_init='0.25')
+  for cls in (gnnx.LCWLinear, gnnx.CWNLinear):
+    with pytest.raises(TypeError, match=r'pass rngs=nnx.Rngs'):
+      cls(3, 4)
+
+
+def test_bake_names_imn_as_why_a_bias_free_layer_cannot_bake_in_both_shells():
+  """Was 'nonzero bias' without naming IMN or the way out (NNX)."""
+  from flax import nnx
+  import geoparam.nnx as gnnx
+  x = jax.random.normal(jax.random.key(0), (8, 3)) + 1.0
+  layer = gnnx.reparameterize(nnx.Linear(3, 4, use_bias=False, rngs=nnx.Rngs(0)), 'gmp_imn', x)
+  layer.input_mean_norm['mean'][...] = layer.input_mean_norm['mean'][...] + 1.0
+  with pytest.raises(ValueError, match=r"use_bias=False .* IMN's running mean .*exclude=\[\.\.\.\]"):
+    gnnx.bake(layer)

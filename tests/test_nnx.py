@@ -556,7 +556,7 @@ def test_bake_errors_name_the_layer_path():
   dense = model.blocks[0].dense  # a checkpoint that holds lam for a bias-free layer
   stored = gnnx.Reparam(dense, 'gmp', initialization='layer').params()
   model.blocks[0].dense = gnnx.Reparam(dense, 'gmp', params={**stored, 'lam': jnp.ones(3)})
-  with pytest.raises(ValueError, match='layer blocks/0/dense: the plain layer has use_bias=False'):
+  with pytest.raises(ValueError, match='layer blocks/0/dense has use_bias=False in the plain model'):
     gnnx.bake(model)
 
 

@@ -27,7 +27,8 @@ import numpy as np
 from geoparam import conv
 from geoparam.methods.base import Method
 
-__all__ = ['LayerOps', 'forward', 'imn_subtracts', 'flatten_contracted', 'subtract_mean',
+__all__ = ['LayerOps', 'check_examples', 'forward', 'imn_subtracts', 'flatten_contracted',
+           'subtract_mean',
            'params_dtype']
 
 
@@ -151,3 +152,12 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
   flat, positions, correction = conv.split(mask, kernel, mean, ops.precision, ops.kernel_mask)
   y = conv.subtract_at(run(kernel, None, inputs), positions, correction, num_spatial)
   return y + cast(bias - flat).astype(y.dtype)
+
+
+def check_examples(method, inputs_shape, name: str) -> None:
+  """Raises unless a training (or init) call of a method with IMN has one example at least."""
+  if method.imn is not None and not math.prod(inputs_shape):
+    raise ValueError(
+        f'{name}: {method.name!r} has IMN, which subtracts the batch mean of the inputs in '
+        f'training and init, but the inputs (shape {tuple(inputs_shape)}) hold no example: the '
+        'mean of none is undefined (nn.BatchNorm gives NaN); pass a batch of at least one example.')

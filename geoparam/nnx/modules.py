@@ -121,6 +121,9 @@ def layout_of(layer, path=()) -> kinds.Layout:
   """The `kinds.Layout` of an NNX layer (from its fields); raises, naming `path`, for layers that
   cannot be reparameterized."""
   name = _path_name(path)
+  if not isinstance(layer, nnx.Module):
+    raise TypeError(f'{name}: takes an NNX layer, got a {type(layer).__module__}.'
+                    f'{type(layer).__name__} (a linen layer takes geoparam.Reparam).')
   kind = kinds.of(layer)
   if kind is None or kind.refused:
     accepted = [f'nnx.{c.__name__}' if c.__module__.startswith('flax') else c.__name__
@@ -185,6 +188,9 @@ def _mode(module, use_running_average):
   if use_running_average is None:
     raise ValueError(f'{type(module).__name__}: use_running_average is None; set it, call '
                      'model.train()/model.eval(), or pass it to the call.')
+  if not isinstance(use_running_average, (bool, np.bool_)):
+    raise TypeError(f'{type(module).__name__}: use_running_average must be None, True or False, '
+                    f'got {use_running_average!r}.')
   return bool(use_running_average)
 
 
@@ -330,6 +336,8 @@ class Reparam(nnx.Module):
     imn = self.method.imn
     mode = _mode(self, use_running_average) if imn is not None else None
     mean = self.input_mean_norm['mean'][...] if imn is not None else None
+    if imn is not None and not mode:
+      run.check_examples(self.method, jnp.shape(inputs), type(self).__name__)
     params = self.params()
     if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((inputs, params, mean))):
       y, new_mean = self._pure(params, mean, inputs, mode, out_sharding)
@@ -397,9 +405,7 @@ class Reparam(nnx.Module):
     if self.layer_has_bias:
       setattr(plain, kind.bias, nnx.Param(jnp.asarray(bias, self.kernel_dtype)))
     elif np.any(bias != 0) and not carry_bias:
-      raise ValueError(f'layer {_path_name(path)}: the plain layer has '
-                       'use_bias=False but the reparameterized one has a nonzero bias: no plain '
-                       'weights match.')
+      raise exact.bias_free_error(self.method, path)
     return plain, bias
 
 
@@ -471,6 +477,9 @@ class GmP(Reparam):
 
   def __init__(self, layer, *, rngs=None, use_running_average=False, input_mean_norm=False,
                momentum=0.99, axis_name=None, **options):
+    if not isinstance(input_mean_norm, bool):
+      raise TypeError(f'GmP: input_mean_norm must be True or False, got {input_mean_norm!r}.')
+    normalization.check_momentum(momentum)  # with IMN or without
     if input_mean_norm:
       options.update(momentum=momentum, axis_name=axis_name)
     super().__init__(layer, 'gmp_imn' if input_mean_norm else 'gmp', rngs=rngs,
@@ -521,6 +530,10 @@ class _GmPPaper(Reparam):
     if activation is not None and not callable(activation):
       raise TypeError(f'{name}: activation must be a function (e.g. nnx.relu) or None for '
                       f'linear, got {activation!r}.')
+    for flag, value in (('input_mean_norm', input_mean_norm), ('glorot_scale', glorot_scale)):
+      if not isinstance(value, bool):
+        raise TypeError(f'{name}: {flag} must be True or False, got {value!r}.')
+    normalization.check_momentum(momentum)  # with IMN or without
     # lam: the paper's unit has a bias; the kernel is not read (the method draws u)
     layer = self._LAYER(in_features, out_features, *args, use_bias=True,
                         kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0), **fields)
@@ -572,8 +585,10 @@ class _Constrained(Reparam):
                **fields):
     options = {k: fields.pop(k) for k in self._OPTIONS if k in fields}
     _check_positive(type(self).__name__, in_features=in_features, out_features=out_features)
-    layer = self._LAYER(in_features, out_features, *args,
-                        rngs=rngs if rngs is not None else nnx.Rngs(0), **fields)
+    if rngs is None:  # (a fixed key would start every layer of one shape from the same weights)
+      raise TypeError(f'{type(self).__name__}: pass rngs=nnx.Rngs(...) (as {self._LAYER.__name__} '
+                      'needs): its kernel_init draws the initial weights.')
+    layer = self._LAYER(in_features, out_features, *args, rngs=rngs, **fields)
     super().__init__(layer, self._METHOD, **options)
     self.in_features, self.out_features = in_features, out_features
 
@@ -620,8 +635,7 @@ class InputMeanNorm(nnx.Module):
                axis_name: str | None = None):
     del rngs
     _check_positive('InputMeanNorm', in_features=num_features)
-    if not 0.0 <= momentum <= 1.0:
-      raise ValueError(f'momentum must be in [0, 1], got {momentum}.')
+    normalization.check_momentum(momentum)
     self.num_features, self.momentum, self.axis_name = num_features, momentum, axis_name
     self.use_running_average = use_running_average
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
@@ -664,8 +678,9 @@ class PReLU(nnx.Module):
                param_dtype=jnp.float32):
     del rngs
     _check_positive('PReLU', in_features=num_features)
-    if not math.isfinite(negative_slope_init):
-      raise ValueError(f'PReLU needs a finite negative_slope_init, got {negative_slope_init}.')
+    activations.check_slope(negative_slope_init)
+    if not isinstance(channel_shared, bool):
+      raise TypeError(f'PReLU: channel_shared must be True or False, got {channel_shared!r}.')
     shape = () if channel_shared else (num_features,)
     self.num_features, self.dtype = num_features, dtype
     self.negative_slope = nnx.Param(jnp.full(shape, negative_slope_init, param_dtype))

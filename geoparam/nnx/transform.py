@@ -113,7 +113,10 @@ def _record(model, paths, example_args):
   try:
     nodes = dict(nnx.iter_graph(probe))
     for path in paths:
-      _replace(probe, path, _Probe(nodes[path], path, token))
+      if path:
+        _replace(probe, path, _Probe(nodes[path], path, token))
+      else:  # the model is the layer itself
+        probe = _Probe(probe, path, token)
     probe(*example_args)
   finally:
     del _LOGS[token]
@@ -173,7 +176,8 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     **options: the method's options (`momentum`, `axis_name`, `epsilon`, ...).
 
   Returns:
-    `model`. Raises ValueError naming the layer when no exact form exists (see
+    `model` (a model that is itself one layer: its wrapper, so use the return value). Raises
+    ValueError naming the layer when no exact form exists (see
     `geoparam.transform.to_reparameterized`).
   """
   method = methods.get(method, **options)  # unknown methods and options fail before any change
@@ -183,7 +187,8 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
             'pass the NNX module itself')
     raise TypeError(f'geoparam.nnx.reparameterize takes an nnx.Module instance, got '
                     f'{model!r:.80} ({type(model).__name__}): {hint}.')
-  exclude = selection.check_arguments(where, exclude, drop_batchnorm)
+  exclude = selection.check_arguments(where, exclude, drop_batchnorm, use_running_average,
+                                       method)
   nodes = list(nnx.iter_graph(model))
   seen = [p for p, n in nodes if kinds.of(n) is not None or isinstance(n, nnx.BatchNorm)]
   layers, norms = {}, {}  # the selected kernel layers and (drop_batchnorm) BatchNorms
@@ -233,6 +238,8 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
   converted = {p: modules.converted(n, method, calls.get(p, (None,))[0], p, folds.get(p),
                                     use_running_average=use_running_average)
                for p, n in layers.items()}  # inputs None: a layer that did not run
+  if () in converted:  # the model is the layer itself: its wrapper is the new model
+    return converted[()]
   for path, wrapper in converted.items():
     _replace(model, path, wrapper)
   for bn_path, producer in dropped.items():
@@ -249,13 +256,16 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
   `approximate_borders=True`). Each `DroppedBatchNorm` becomes an
   `nnx.BatchNorm` that is the identity in evaluation mode (mean 0, var 1,
   scale `sqrt(1 + epsilon)`), carrying the bias of a bias-less layer before it.
-  Returns `model`.
+  Returns `model` (a model that is itself one wrapper: its plain layer).
   """
   if not isinstance(model, nnx.Module):
     hint = ('for a linen model use geoparam.bake(rp, variables, *inputs)' if hasattr(model, 'scope')
             else 'pass the NNX module that geoparam.nnx.reparameterize returned')
     raise TypeError(f'geoparam.nnx.bake takes an nnx.Module, got a {type(model).__name__}: '
                     f'{hint}.')
+  if not isinstance(approximate_borders, bool):
+    raise TypeError(f'bake: approximate_borders must be True or False, got '
+                    f'{approximate_borders!r}.')
   nodes = list(nnx.iter_graph(model))
   producers = {n.producer for _, n in nodes if isinstance(n, DroppedBatchNorm)}
   plain, biases = {}, {}
@@ -283,6 +293,8 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
         raise ValueError(f'layer {_name(node.producer)}: its nonzero bias has no place in the '
                          'plain model (the layer and the BatchNorm after it have no bias).')
       plain[path] = bn
+  if () in plain:  # the model is one wrapper: its plain layer is the new model
+    return plain[()]
   for path, new in plain.items():
     _replace(model, path, new)
   return model
