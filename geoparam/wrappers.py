@@ -52,6 +52,7 @@ from geoparam import conv
 from geoparam import kinds
 from geoparam import methods
 from geoparam.methods import run
+from geoparam.methods.gmp import check_imn_switch
 from geoparam.linen.layers import InputMeanNorm
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer',
@@ -278,6 +279,7 @@ def layer_ops(layer: nn.Module, layout: kinds.Layout, ndim: int, imn: bool) -> r
   """`run.LayerOps` of a linen layer for inputs of rank `ndim` (IMN's axes when `imn`)."""
   kind = kinds.of(layer)
   taps = kind.taps
+  # exactly nn.Dense (GmPDense's plain layer): a subclass may compute otherwise, so it runs itself
   run_it = _run_dense if type(layer) is nn.Dense else run_layer  # pylint: disable=unidiomatic-typecheck
   return run.LayerOps(
       run=lambda kernel, bias, x: run_it(layer, kernel, bias, x),
@@ -477,9 +479,7 @@ class GmP(_Wrapper):
   def get_method(self) -> methods.Method:
     options = dict(initialization=self.initialization, theta_init=self.theta_init,
                    lam_init=self.lam_init, scale_init=self.scale_init)
-    if not isinstance(self.input_mean_norm, bool):
-      raise TypeError(f'GmP: input_mean_norm must be True or False, got {self.input_mean_norm!r}.')
-    methods.with_imn('gmp', self.momentum)  # checks momentum, with IMN or without
+    check_imn_switch('GmP', self.input_mean_norm, self.momentum)
     if self.input_mean_norm:
       return methods.get('gmp_imn', momentum=self.momentum, axis_name=self.axis_name, **options)
     return methods.get('gmp', **options)

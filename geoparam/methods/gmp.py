@@ -39,9 +39,10 @@ import numpy as np
 
 from geoparam import hyperspherical
 from geoparam import initializers
+from geoparam import normalization
 from geoparam.methods import base
 
-__all__ = ['gmp', 'gmp_imn', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel',
+__all__ = ['gmp', 'gmp_imn', 'check_imn_switch', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel',
            'from_dense_traced', 'from_dense', 'to_dense', 'columns']
 
 INITIALIZATIONS = ('paper', 'layer')
@@ -307,12 +308,27 @@ def _unit_apply(params, kernel_shape):
   return u.reshape(kernel_shape), lam
 
 
-def paper_method(fields, fan_in: int) -> base.Method:
+def check_imn_switch(name: str, input_mean_norm, momentum) -> None:
+  """The IMN switch of the GmP layers and wrappers: `input_mean_norm` a bool, and `momentum` in
+  [0, 1] with IMN or without (set without IMN it would be ignored). Raises, naming `name`.
+
+    >>> check_imn_switch('GmP', 'yes', 0.99)
+    Traceback (most recent call last):
+    TypeError: GmP: input_mean_norm must be True or False, got 'yes'.
+  """
+  if not isinstance(input_mean_norm, bool):
+    raise TypeError(f'{name}: input_mean_norm must be True or False, got {input_mean_norm!r}.')
+  normalization.check_momentum(momentum)
+
+
+def paper_method(fields, fan_in: int, name: str = 'GmP') -> base.Method:
   """The `gmp` method of a paper-form layer: its initializers (and IMN), computing `(u, lam)`.
 
   `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
-  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`.
+  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`; `name` names it
+  in errors.
   """
+  check_imn_switch(name, fields.input_mean_norm, fields.momentum)
   scale_init = fields.scale_init
   if scale_init is None:
     scale_init = initializers.glorot_norm(fan_in, fields.features) if fields.glorot_scale else (

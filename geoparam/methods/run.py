@@ -28,8 +28,7 @@ from geoparam import conv
 from geoparam.methods.base import Method
 
 __all__ = ['LayerOps', 'check_examples', 'forward', 'imn_subtracts', 'flatten_contracted',
-           'subtract_mean',
-           'params_dtype']
+           'subtract_mean', 'params_dtype']
 
 
 class LayerOps(NamedTuple):

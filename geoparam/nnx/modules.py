@@ -51,6 +51,7 @@ from geoparam import kinds
 from geoparam import methods
 from geoparam import normalization
 from geoparam.methods import run
+from geoparam.methods.gmp import check_imn_switch
 from geoparam.methods.gmp import paper_method
 from geoparam.selection import name as _path_name
 
@@ -477,9 +478,7 @@ class GmP(Reparam):
 
   def __init__(self, layer, *, rngs=None, use_running_average=False, input_mean_norm=False,
                momentum=0.99, axis_name=None, **options):
-    if not isinstance(input_mean_norm, bool):
-      raise TypeError(f'GmP: input_mean_norm must be True or False, got {input_mean_norm!r}.')
-    normalization.check_momentum(momentum)  # with IMN or without
+    check_imn_switch('GmP', input_mean_norm, momentum)
     if input_mean_norm:
       options.update(momentum=momentum, axis_name=axis_name)
     super().__init__(layer, 'gmp_imn' if input_mean_norm else 'gmp', rngs=rngs,
@@ -530,10 +529,8 @@ class _GmPPaper(Reparam):
     if activation is not None and not callable(activation):
       raise TypeError(f'{name}: activation must be a function (e.g. nnx.relu) or None for '
                       f'linear, got {activation!r}.')
-    for flag, value in (('input_mean_norm', input_mean_norm), ('glorot_scale', glorot_scale)):
-      if not isinstance(value, bool):
-        raise TypeError(f'{name}: {flag} must be True or False, got {value!r}.')
-    normalization.check_momentum(momentum)  # with IMN or without
+    if not isinstance(glorot_scale, bool):
+      raise TypeError(f'{name}: glorot_scale must be True or False, got {glorot_scale!r}.')
     # lam: the paper's unit has a bias; the kernel is not read (the method draws u)
     layer = self._LAYER(in_features, out_features, *args, use_bias=True,
                         kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0), **fields)
@@ -541,7 +538,7 @@ class _GmPPaper(Reparam):
         features=out_features, input_mean_norm=input_mean_norm, momentum=momentum,
         axis_name=axis_name, theta_init=theta_init, lam_init=lam_init, scale_init=scale_init,
         glorot_scale=glorot_scale)
-    method = paper_method(paper, math.prod(layer.kernel.shape[:-1]))
+    method = paper_method(paper, math.prod(layer.kernel.shape[:-1]), name)
     super().__init__(layer, method, rngs=rngs, use_running_average=use_running_average)
     self.activation, self.dtype = activation, layer.dtype
     self.in_features, self.out_features = in_features, out_features
