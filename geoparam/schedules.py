@@ -136,8 +136,9 @@ def _check_real(name, value, accepted, ok):
     raise ValueError(f'{name} must be a finite real number {accepted}, got {name} = {value!r}.')
 
 
-def _check_lr(lr, least: str = '> 0'):
-  """A rate: a real scalar; where concrete (not traced), finite and `least` ('> 0', '>= 0')."""
+def _check_lr(lr, zero_ok: bool = False):
+  """A rate: a real scalar; where concrete (not traced), finite and > 0 (>= 0 with `zero_ok`)."""
+  least = '>= 0' if zero_ok else '> 0'
   if isinstance(lr, (bool, np.bool_, str, bytes)) or lr is None:
     raise TypeError(f'lr must be a real number {least}, got {lr!r} of type {type(lr).__name__}.')
   if jnp.ndim(lr) != 0:
@@ -147,7 +148,7 @@ def _check_lr(lr, least: str = '> 0'):
   if isinstance(lr, jax.core.Tracer):
     return
   value = float(np.asarray(lr))
-  if not (math.isfinite(value) and (value > 0 or least == '>= 0' and value == 0)):
+  if not (math.isfinite(value) and (value > 0 or zero_ok and value == 0)):
     raise ValueError(f'lr must be a finite learning rate {least}, got lr = {lr!r}.')
 
 
@@ -343,7 +344,7 @@ def set_learning_rate(opt_state, lr):
     raise ValueError(
         'set_learning_rate needs an optimizer built with optax.inject_hyperparams(...)'
         '(learning_rate=...); this state has no hyperparams["learning_rate"].')
-  _check_lr(lr, '>= 0')  # (pass state.lr, not the schedule's state)
+  _check_lr(lr, zero_ok=True)  # (pass state.lr, not the schedule's state)
   hyperparams = dict(hyperparams)
   hyperparams['learning_rate'] = jnp.asarray(lr, jnp.asarray(hyperparams['learning_rate']).dtype)
   return opt_state._replace(hyperparams=hyperparams)

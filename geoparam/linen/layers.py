@@ -12,7 +12,6 @@ PReLU's slopes start at 0.25 and should not be weight-decayed
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.linen as nn
