@@ -502,7 +502,8 @@ def _sharded_worker():
 
 
 def test_sharded_on_8_fake_devices_equals_one_device():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+  env = dict(os.environ, XLA_FLAGS=os.environ.get('XLA_FLAGS', '') +
+             ' --xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
   out = subprocess.run([sys.executable, os.path.abspath(__file__), 'sharded'], env=env,
                        check=True, capture_output=True, text=True, timeout=300).stdout

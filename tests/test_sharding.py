@@ -28,7 +28,8 @@ SPLIT = {'bn': ('conv_1', 'kernel'), 'gmp_imn': ('conv_1', 'theta')}
 
 def _env(devices):
   env = dict(os.environ)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      f' --xla_force_host_platform_device_count={devices}')
   env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
   env.pop('JAX_PLATFORMS', None)
   env['JAX_PLATFORMS'] = 'cpu'
