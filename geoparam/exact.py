@@ -21,7 +21,7 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'stack_of', 'layout_of', 'imn_width',
+__all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'identity_batchnorm', 'stack_of', 'layout_of', 'imn_width',
            'convert_layer', 'plain_layer']
 
 
@@ -54,6 +54,30 @@ def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
   if bias is not None:
     t = t + f(bias)
   return s, t
+
+
+def identity_batchnorm(shape, epsilon: float, use_scale: bool, use_bias: bool, stats_dtype,
+                       param_dtype, carried=0.0, producer=(), path=()):
+  """`(batch_stats, params)` of the BatchNorm a dropped one bakes back to.
+
+  The identity in evaluation mode: mean 0, var 1, scale `sqrt(1 + epsilon)`; its
+  bias is `carried`, the bias of the bias-free layer at `producer` that feeds
+  it, and a nonzero `carried` without a BatchNorm bias raises. `path`: the
+  BatchNorm's. Arrays of `shape` (`(features,)`, or stacked).
+  """
+  stats = {'mean': jnp.zeros(shape, stats_dtype), 'var': jnp.ones(shape, stats_dtype)}
+  params = {}
+  if use_scale:
+    params['scale'] = jnp.full(shape, math.sqrt(1.0 + epsilon), param_dtype)
+  if use_bias:
+    params['bias'] = jnp.broadcast_to(jnp.asarray(carried, param_dtype), shape)
+  elif np.any(carried != 0):
+    raise ValueError(
+        f'bake: layer {_name(producer)} and the dropped BatchNorm {_name(path)} after it have '
+        "use_bias=False in the plain model, but the reparameterized layer's bias (the "
+        "BatchNorm's shift, folded in) is nonzero: no plain weights match. Keep that BatchNorm "
+        '(drop_batchnorm=False, or exclude it) or give it a bias (use_bias=True).')
+  return stats, params
 
 
 def _traced(value) -> bool:

@@ -50,7 +50,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 import dataclasses
 import inspect
-import math
 import re
 from typing import Any
 
@@ -614,14 +613,11 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   for layer_path, bn_path in dropped.items():
     bn = norms[bn_path].layer
     stats = _get(shapes['batch_stats'], bn_path)['mean']
-    features, dtype = stats.shape, stats.dtype
-    _put(new.setdefault('batch_stats', {}), bn_path,
-         {'mean': jnp.zeros(features, dtype), 'var': jnp.ones(features, dtype)})
-    affine = {}
-    if bn.use_scale:
-      affine['scale'] = jnp.full(features, math.sqrt(1.0 + bn.epsilon), dtype)
-    if bn.use_bias:  # takes the bias of a layer that has none
-      affine['bias'] = jnp.asarray(biases.pop(layer_path, np.zeros(features)), dtype)
+    carried = biases.pop(layer_path, 0.0)  # the bias of a layer that has none
+    stats, affine = exact.identity_batchnorm(stats.shape, bn.epsilon, bn.use_scale, bn.use_bias,
+                                             stats.dtype, stats.dtype, carried, layer_path,
+                                             bn_path)
+    _put(new.setdefault('batch_stats', {}), bn_path, stats)
     if affine:
       own = _get(like['params'], bn_path)
       _put(new['params'], bn_path, {k: _like(own[k], v) for k, v in affine.items()})

@@ -614,3 +614,41 @@ def test_bake_names_imn_as_why_a_bias_free_layer_cannot_bake_in_both_shells():
   layer.input_mean_norm['mean'][...] = layer.input_mean_norm['mean'][...] + 1.0
   with pytest.raises(ValueError, match=r"use_bias=False .* IMN's running mean .*exclude=\[\.\.\.\]"):
     gnnx.bake(layer)
+
+
+def test_bake_of_a_bias_free_layer_before_a_bias_free_dropped_batchnorm_in_both_shells():
+  """Linen said 'no dropped BatchNorm after it' and advised dropping it; NNX named neither."""
+  from flax import nnx
+  import geoparam.nnx as gnnx
+
+  class Linen(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.Dense(4, use_bias=False, name='dense')(x)
+      return nn.BatchNorm(use_running_average=True, use_bias=False, name='bn')(x)
+
+  class NNX(nnx.Module):
+    def __init__(self):
+      self.dense = nnx.Linear(3, 4, use_bias=False, rngs=nnx.Rngs(0))
+      self.bn = nnx.BatchNorm(4, use_bias=False, use_running_average=True, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+      return self.bn(self.dense(x))
+
+  x = jax.random.normal(jax.random.key(0), (8, 3))
+  match = (r'layer dense and the dropped BatchNorm bn after it have use_bias=False.*nonzero.*'
+           r'drop_batchnorm=False')
+  variables = Linen().init(jax.random.key(1), x)
+  variables['batch_stats']['bn']['mean'] = jnp.ones(4)  # a shift the bias-free layers must carry
+  rp = geoparam.reparameterize(Linen(), 'gmp', drop_batchnorm=True)
+  converted = geoparam.to_reparameterized(rp, variables, x)
+  np.testing.assert_allclose(rp.apply(converted, x), Linen().apply(variables, x), atol=1e-5)
+  with pytest.raises(ValueError, match=match):
+    geoparam.bake(rp, converted, x)
+  model = NNX()
+  model.bn.mean[...] = jnp.ones(4)
+  y = model(x)
+  gnnx.reparameterize(model, 'gmp', x, drop_batchnorm=True)
+  np.testing.assert_allclose(model(x), y, atol=1e-5)
+  with pytest.raises(ValueError, match=match):
+    gnnx.bake(model)

@@ -28,7 +28,6 @@ BatchNorm folding, IMN calibration and the exactness checks are the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-import math
 from typing import Any
 
 from flax import nnx
@@ -281,17 +280,12 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
       bn = nnx.BatchNorm(node.num_features, epsilon=node.epsilon, use_scale=node.use_scale,
                          use_bias=node.use_bias, param_dtype=node.param_dtype,
                          use_running_average=True, rngs=nnx.Rngs(0))
-      shape = node.stack + (node.num_features,)
-      bn.mean.set_value(jnp.zeros(shape, node.stats_dtype))
-      bn.var.set_value(jnp.ones(shape, node.stats_dtype))
-      if node.use_scale:
-        bn.scale.set_value(jnp.full(shape, math.sqrt(1.0 + node.epsilon), bn.scale.dtype))
       carried = biases.pop(node.producer, 0.0)  # the bias of a layer that has none
-      if node.use_bias:
-        bn.bias.set_value(jnp.broadcast_to(jnp.asarray(carried, bn.bias.dtype), shape))
-      elif np.any(carried != 0):
-        raise ValueError(f'layer {_name(node.producer)}: its nonzero bias has no place in the '
-                         'plain model (the layer and the BatchNorm after it have no bias).')
+      stats, affine = exact.identity_batchnorm(
+          node.stack + (node.num_features,), node.epsilon, node.use_scale, node.use_bias,
+          node.stats_dtype, node.param_dtype, carried, node.producer, path)
+      for name, value in {**stats, **affine}.items():
+        getattr(bn, name).set_value(value)
       plain[path] = bn
   if () in plain:  # the model is one wrapper: its plain layer is the new model
     return plain[()]
