@@ -21,8 +21,8 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'identity_batchnorm', 'stack_of', 'layout_of', 'imn_width',
-           'convert_layer', 'plain_layer']
+__all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'identity_batchnorm', 'stack_of',
+           'layout_of', 'imn_width', 'convert_layer', 'plain_layer']
 
 
 def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
