@@ -147,14 +147,22 @@ def _flat_mean(kind, layer, x):
   return flat.reshape(-1, flat.shape[-1]).mean(0)
 
 
-def _mean_dot(kind, layer, mean, kernel):
+def _mean_dot(kind, layer, mean, kernel, path=()):
   """`w_f^T m` per unit `(F,)`: IMN's mean `m` against a kernel in the method's shape.
 
-  A conv sees the channels of its group at every window position; other kinds the
-  flattened contracted axes.
+  A conv sees the channels of its group at every window position, through its
+  `mask` where it has one; other kinds the flattened contracted axes.
   """
   features = kernel.shape[-1]
   if kind.taps:
+    mask = getattr(layer, 'mask', None)
+    if _traced(mask):
+      raise ValueError(
+          f"layer {_name(path)}: its mask is a traced array (made inside a traced "
+          "function, e.g. the model's __call__), and IMN's fold needs its values: give the "
+          'layer a mask made outside (a numpy array or a module attribute).')
+    if mask is not None:  # the layer multiplies its kernel by it
+      kernel = kernel * np.asarray(mask, np.float64).reshape(kernel.shape)
     groups = layer.feature_group_count
     per_unit = np.repeat(mean.reshape(groups, -1), features // groups, axis=0)  # (F, C_in / g)
     window_sum = kernel.reshape((-1,) + kernel.shape[-2:]).sum(0)  # (C_in / g, F)
@@ -263,7 +271,7 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
         "starts IMN's running mean there; pass example inputs without NaN or inf (check the "
         'inputs and the layers before it).')
   if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
-    bias = bias + _mean_dot(kind, layer, mean, kernel)
+    bias = bias + _mean_dot(kind, layer, mean, kernel, path)
   try:
     stored = method.convert(kernel, bias, dtype, use_bias)
   except ValueError as e:
@@ -323,5 +331,5 @@ def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
           f'layer {_name(path)}: a conv that pads zeros with a nonzero IMN running mean has no '
           'exact plain form (conv(x - m) differs from conv(x) - w^T m at the borders); pass '
           'approximate_borders=True to fold the mean anyway.')
-    bias = bias - _mean_dot(kind, layer, np.asarray(mean, np.float64), kernel)
+    bias = bias - _mean_dot(kind, layer, np.asarray(mean, np.float64), kernel, path)
   return layout.to_layer(kernel, bias)

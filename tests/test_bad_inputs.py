@@ -652,3 +652,19 @@ def test_bake_of_a_bias_free_layer_before_a_bias_free_dropped_batchnorm_in_both_
   np.testing.assert_allclose(model(x), y, atol=1e-5)
   with pytest.raises(ValueError, match=match):
     gnnx.bake(model)
+
+
+def test_bake_of_a_conv_whose_mask_is_made_while_tracing_names_it():
+  """A mask made inside the model's __call__ is a tracer where bake reads the layer: was
+  numpy's TracerArrayConversionError."""
+
+  class Masked(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Conv(4, (3, 3), padding='VALID', mask=jnp.ones((3, 3, 2, 4)), name='conv')(x)
+
+  x = jnp.ones((2, 6, 6, 2))
+  rp = geoparam.reparameterize(Masked(), 'gmp_imn')
+  converted = geoparam.to_reparameterized(rp, Masked().init(jax.random.key(0), x), x)
+  with pytest.raises(ValueError, match=r'layer conv: its mask is a traced array .*made outside'):
+    geoparam.bake(rp, jax.tree.map(lambda a: a + 0.3, converted), x)

@@ -115,7 +115,8 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
   probe = functools.partial(_probe, layer)
   tap_mask = (lambda spatial: conv.tap_mask(layer, spatial, probe)) if kind.taps else None
   return run.LayerOps(run_layer, kind.imn_axes(layer, ndim) if imn else None,
-                      getattr(layer, 'precision', None), tap_mask, layout=layout)
+                      getattr(layer, 'precision', None), tap_mask,
+                      getattr(layer, 'mask', None) if kind.taps else None, layout=layout)
 
 
 def layout_of(layer, path=()) -> kinds.Layout:
@@ -134,8 +135,6 @@ def layout_of(layer, path=()) -> kinds.Layout:
   if getattr(layer, 'preferred_element_type', None) is not None:
     raise ValueError(f'{name}: preferred_element_type is not supported (got '
                      f'{layer.preferred_element_type!r}); leave it None.')
-  if kind.taps and getattr(layer, 'mask', None) is not None:
-    raise ValueError(f'{name}: a masked {type(layer).__name__} (mask=...) is not supported.')
   return exact.layout_of(layer, kind.example_shape(layer), path)
 
 
