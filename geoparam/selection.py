@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from geoparam import kinds
 
 __all__ = ['name', 'excluded', 'selected', 'check_selection', 'refused', 'check_where',
-           'check_arguments']
+           'check_flag', 'check_arguments']
 
 
 def name(path) -> str:
@@ -41,6 +41,17 @@ def check_where(where) -> None:
                     'plain by name use exclude=[...].')
 
 
+def check_flag(name: str, value, owner: str | None = None) -> None:
+  """Raises a TypeError naming `owner`'s argument `name` unless `value` is True or False.
+
+    >>> check_flag('approximate_borders', 'yes', 'bake')
+    Traceback (most recent call last):
+    TypeError: bake: approximate_borders must be True or False, got 'yes'.
+  """
+  if not isinstance(value, bool):
+    raise TypeError(f'{owner + ": " if owner else ""}{name} must be True or False, got {value!r}.')
+
+
 def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
                     method=None) -> tuple[str, ...]:
   """Checks a whole-model transform's selection arguments (both shells); returns `exclude` as a
@@ -55,8 +66,7 @@ def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
     raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
                     f"exclude=['head'], got {exclude!r:.60}.")
   check_where(where)
-  if not isinstance(drop_batchnorm, bool):
-    raise TypeError(f'drop_batchnorm must be True or False, got {drop_batchnorm!r}.')
+  check_flag('drop_batchnorm', drop_batchnorm)
   if use_running_average is not None and not isinstance(use_running_average, bool):
     raise TypeError(f'use_running_average must be None, True or False, got '
                     f'{use_running_average!r}.')

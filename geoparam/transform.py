@@ -552,9 +552,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   borders, so it raises unless `approximate_borders=True`.
   """
   _check_args('bake', rp, variables)
-  if not isinstance(approximate_borders, bool):
-    raise TypeError(f'bake: approximate_borders must be True or False, got '
-                    f'{approximate_borders!r}.')
+  selection.check_flag('approximate_borders', approximate_borders, 'bake')
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))

@@ -24,6 +24,7 @@ from geoparam.normalization import batch_mean
 from geoparam.normalization import check_floating
 from geoparam.normalization import check_momentum
 from geoparam.normalization import update_running_mean
+from geoparam.selection import check_flag
 
 __all__ = ['running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU']
 
@@ -162,8 +163,7 @@ class PReLU(nn.Module):
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Applies PReLU elementwise; `inputs` has shape `(..., C)`."""
     check_slope(self.negative_slope_init)
-    if not isinstance(self.channel_shared, bool):
-      raise TypeError(f'PReLU: channel_shared must be True or False, got {self.channel_shared!r}.')
+    check_flag('channel_shared', self.channel_shared, 'PReLU')
     if self.channel_shared:
       shape = ()
     else:

@@ -40,6 +40,7 @@ import numpy as np
 from geoparam import hyperspherical
 from geoparam import initializers
 from geoparam import normalization
+from geoparam import selection
 from geoparam.methods import base
 
 __all__ = ['gmp', 'gmp_imn', 'check_imn_switch', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel',
@@ -316,8 +317,7 @@ def check_imn_switch(name: str, input_mean_norm, momentum) -> None:
     Traceback (most recent call last):
     TypeError: GmP: input_mean_norm must be True or False, got 'yes'.
   """
-  if not isinstance(input_mean_norm, bool):
-    raise TypeError(f'{name}: input_mean_norm must be True or False, got {input_mean_norm!r}.')
+  selection.check_flag('input_mean_norm', input_mean_norm, name)
   normalization.check_momentum(momentum)
 
 

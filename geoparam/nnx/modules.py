@@ -53,6 +53,7 @@ from geoparam import normalization
 from geoparam.methods import run
 from geoparam.methods.gmp import check_imn_switch
 from geoparam.methods.gmp import paper_method
+from geoparam import selection
 from geoparam.selection import name as _path_name
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
@@ -528,8 +529,7 @@ class _GmPPaper(Reparam):
     if activation is not None and not callable(activation):
       raise TypeError(f'{name}: activation must be a function (e.g. nnx.relu) or None for '
                       f'linear, got {activation!r}.')
-    if not isinstance(glorot_scale, bool):
-      raise TypeError(f'{name}: glorot_scale must be True or False, got {glorot_scale!r}.')
+    selection.check_flag('glorot_scale', glorot_scale, name)
     # lam: the paper's unit has a bias; the kernel is not read (the method draws u)
     layer = self._LAYER(in_features, out_features, *args, use_bias=True,
                         kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0), **fields)
@@ -675,8 +675,7 @@ class PReLU(nnx.Module):
     del rngs
     _check_positive('PReLU', in_features=num_features)
     activations.check_slope(negative_slope_init)
-    if not isinstance(channel_shared, bool):
-      raise TypeError(f'PReLU: channel_shared must be True or False, got {channel_shared!r}.')
+    selection.check_flag('channel_shared', channel_shared, 'PReLU')
     shape = () if channel_shared else (num_features,)
     self.num_features, self.dtype = num_features, dtype
     self.negative_slope = nnx.Param(jnp.full(shape, negative_slope_init, param_dtype))

@@ -262,9 +262,7 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
             else 'pass the NNX module that geoparam.nnx.reparameterize returned')
     raise TypeError(f'geoparam.nnx.bake takes an nnx.Module, got a {type(model).__name__}: '
                     f'{hint}.')
-  if not isinstance(approximate_borders, bool):
-    raise TypeError(f'bake: approximate_borders must be True or False, got '
-                    f'{approximate_borders!r}.')
+  selection.check_flag('approximate_borders', approximate_borders, 'bake')
   nodes = list(nnx.iter_graph(model))
   producers = {n.producer for _, n in nodes if isinstance(n, DroppedBatchNorm)}
   plain, biases = {}, {}
