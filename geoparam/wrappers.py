@@ -277,16 +277,10 @@ def create_params(holder: nn.Module, method: methods.Method, kernel_shape, layer
 
 def layer_ops(layer: nn.Module, layout: kinds.Layout, ndim: int, imn: bool) -> run.LayerOps:
   """`run.LayerOps` of a linen layer for inputs of rank `ndim` (IMN's axes when `imn`)."""
-  kind = kinds.of(layer)
-  taps = kind.taps
   # exactly nn.Dense (GmPDense's plain layer): a subclass may compute otherwise, so it runs itself
   run_it = _run_dense if type(layer) is nn.Dense else run_layer  # pylint: disable=unidiomatic-typecheck
-  return run.LayerOps(
-      run=lambda kernel, bias, x: run_it(layer, kernel, bias, x),
-      contract_axes=kind.imn_axes(layer, ndim) if imn else None,
-      precision=getattr(layer, 'precision', None),
-      tap_mask=(lambda spatial: tap_mask(layer, spatial)) if taps else None,
-      kernel_mask=getattr(layer, 'mask', None) if taps else None, layout=layout)
+  return run.LayerOps.of(layer, kinds.of(layer), lambda kernel, bias, x: run_it(
+      layer, kernel, bias, x), lambda spatial: tap_mask(layer, spatial), layout, ndim, imn)
 
 
 def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool:

@@ -43,8 +43,8 @@ from geoparam import normalization
 from geoparam import selection
 from geoparam.methods import base
 
-__all__ = ['gmp', 'gmp_imn', 'check_imn_switch', 'paper_method', 'INITIALIZATIONS', 'unit', 'gmp_kernel',
-           'from_dense_traced', 'from_dense', 'to_dense', 'columns']
+__all__ = ['gmp', 'gmp_imn', 'check_imn_switch', 'paper_method', 'INITIALIZATIONS', 'unit',
+           'gmp_kernel', 'from_dense_traced', 'from_dense', 'to_dense', 'columns']
 
 INITIALIZATIONS = ('paper', 'layer')
 

@@ -54,6 +54,15 @@ class LayerOps(NamedTuple):
   kernel_mask: Any = None
   layout: Any = None
 
+  @classmethod
+  def of(cls, layer, kind, run, tap_mask, layout, ndim: int, imn: bool) -> LayerOps:
+    """The `LayerOps` of `layer` (of `geoparam.kinds` kind `kind`) for inputs of rank `ndim`
+    (IMN's axes when `imn`): the shell gives how to run it and, for a conv, its `tap_mask`; the
+    rest is read off the layer's fields."""
+    return cls(run, kind.imn_axes(layer, ndim) if imn else None, getattr(layer, 'precision', None),
+               tap_mask if kind.taps else None,
+               getattr(layer, 'mask', None) if kind.taps else None, layout)
+
 
 def imn_subtracts(inputs_shape: Sequence[int], kernel_shape: Sequence[int]) -> bool:
   """Whether IMN is cheaper as `x - mean` than folded into the bias, for a layer's shapes.

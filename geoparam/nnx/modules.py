@@ -50,10 +50,10 @@ from geoparam import initializers
 from geoparam import kinds
 from geoparam import methods
 from geoparam import normalization
+from geoparam import selection
 from geoparam.methods import run
 from geoparam.methods.gmp import check_imn_switch
 from geoparam.methods.gmp import paper_method
-from geoparam import selection
 from geoparam.selection import name as _path_name
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
@@ -114,10 +114,8 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
     return _own_call(layer)(view, x, **kwargs)
 
   probe = functools.partial(_probe, layer)
-  tap_mask = (lambda spatial: conv.tap_mask(layer, spatial, probe)) if kind.taps else None
-  return run.LayerOps(run_layer, kind.imn_axes(layer, ndim) if imn else None,
-                      getattr(layer, 'precision', None), tap_mask,
-                      getattr(layer, 'mask', None) if kind.taps else None, layout=layout)
+  return run.LayerOps.of(layer, kind, run_layer, lambda spatial: conv.tap_mask(
+      layer, spatial, probe), layout, ndim, imn)
 
 
 def layout_of(layer, path=()) -> kinds.Layout:
