@@ -106,6 +106,14 @@ def _conv_input(case, key=0):
   return jax.random.normal(jax.random.key(key), (3,) + (7, 6, 5)[:nd] + (4,), jnp.float64) * 2 + 3
 
 
+def _variables_like(module, x, seed=0):
+  """Variables shaped as `module.init`'s, drawn in numpy (a nonzero lam and running mean): the
+  shapes come from tracing, so no case compiles an initializer of its own."""
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(1), x, use_running_average=False))
+  return jax.tree.map(lambda s: jnp.asarray(rng.uniform(0.2, 1.2, s.shape), s.dtype), shapes)
+
+
 def _outputs_and_grads(apply, params, x, train):
   """Output, updated batch_stats (training) and gradients w.r.t. params and x of sum(out * w)."""
   def f(p, x):
@@ -130,8 +138,7 @@ def test_conv_imn_equals_explicit_subtraction(x64, i, imn_path):
   case = IMN_CONV_CASES[i]
   x = _conv_input(case)
   folded = geoparam.GmPConv(4, input_mean_norm=True, param_dtype=jnp.float64, **case)
-  v = folded.init(jax.random.key(1), x, use_running_average=False)
-  v = jax.tree.map(lambda a: a + 0.3, v)  # nonzero lam and a nonzero running mean
+  v = _variables_like(folded, x)
   ve = {'params': {'gmp': v['params']},
         'batch_stats': {'imn': {'mean': v['batch_stats']['input_mean_norm']['mean']}}}
   for train in (True, False):
@@ -160,8 +167,7 @@ def test_wrapper_conv_imn_equals_explicit_subtraction(x64, i, imn_path):
   x = _conv_input(case, key=3)
   layer = nn.Conv(4, param_dtype=jnp.float64, **case)
   wrapped = geoparam.GmP(layer, input_mean_norm=True)
-  v = wrapped.init(jax.random.key(1), x, use_running_average=False)
-  v = jax.tree.map(lambda a: a + 0.3, v)
+  v = _variables_like(wrapped, x, seed=1)
   running = v['batch_stats']['input_mean_norm']['mean']
 
   def explicit(p, x, train):
