@@ -46,11 +46,13 @@ class CWNDense(nn.Dense):
   epsilon: float = 1e-12
   reparameterized = True  # a reparameterized layer already: no whole-model transform's target
 
+  def get_method(self) -> methods.Method:
+    return methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
+
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """`(..., fan_in) -> (..., features)`."""
-    method = methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
-    return wrappers.call(self, method, wrappers.plain(self), inputs)
+    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
 
 
 class CWNConv(nn.Conv):
@@ -60,12 +62,12 @@ class CWNConv(nn.Conv):
   scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
   epsilon: float = 1e-12
   reparameterized = True
+  get_method = CWNDense.get_method
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    method = methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
-    return wrappers.call(self, method, wrappers.plain(self), inputs)
+    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
 
 
 class StandardizationLayer(nn.Module):

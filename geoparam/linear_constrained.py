@@ -43,10 +43,13 @@ class LCWDense(nn.Dense):
 
   reparameterized = True  # a reparameterized layer already: no whole-model transform's target
 
+  def get_method(self) -> methods.Method:
+    return methods.get('lcw')
+
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Applies `inputs @ B v + bias` along the last axis: `(..., fan_in) -> (..., features)`."""
-    return wrappers.call(self, methods.get('lcw'), wrappers.plain(self), inputs)
+    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
 
 
 class LCWConv(nn.Conv):
@@ -70,8 +73,9 @@ class LCWConv(nn.Conv):
   """
 
   reparameterized = True
+  get_method = LCWDense.get_method
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    return wrappers.call(self, methods.get('lcw'), wrappers.plain(self), inputs)
+    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)

@@ -30,12 +30,11 @@ import numpy as np
 from jax import lax
 
 from geoparam import conv
-from geoparam import wrappers
-from geoparam.baselines import CWNConv, CWNDense
-from geoparam.linear_constrained import LCWConv, LCWDense
+from geoparam import kinds
+from geoparam import wrappers  # noqa: F401  pylint: disable=unused-import (registers nn.Dense, ...)
 
 __all__ = [
-    'SCALED_PARAMS',
+    'scaled_param',
     'data_dependent_init',
     'LayerStats',
     'variance_analysis',
@@ -44,34 +43,22 @@ __all__ = [
     'plot_variance_analysis',
 ]
 
-# Layer type -> the parameter the layer's output is linear in (scaling it by c
-# scales the output minus bias by c). LCW: `v` (project is linear); CWN and WN:
-# the gain. GmP layers are deliberately absent: their pre-activation `u^T x + lam`
-# has a unit direction and no free scale, and `scale` multiplies the
-# post-activation, so the init leaves GmP layers unchanged (identity).
-SCALED_PARAMS: dict[type, str] = {  # subclasses first: LCWDense is an nn.Dense
-    LCWDense: 'v',
-    LCWConv: 'v',
-    CWNDense: 'scale',
-    CWNConv: 'scale',
-    wrappers.LCW: 'v',
-    wrappers.CWN: 'scale',
-    wrappers.WN: 'scale',
-    nn.Dense: 'kernel',
-    nn.Conv: 'kernel',
-}
+
+def scaled_param(module: nn.Module) -> str | None:
+  """The parameter a linear layer's output minus its bias is linear in, which
+  `data_dependent_init` rescales: a plain `nn.Dense`'s or `nn.Conv`'s `kernel`, a
+  reparameterized layer's method's `linear_in` (LCW's `v`, CWN's and WN's `scale`); None for
+  other layers. GmP has none: its pre-activation `u^T x + lam` has a unit direction and no free
+  scale, so the init leaves GmP layers unchanged."""
+  if getattr(module, 'reparameterized', False):
+    get_method = getattr(module, 'get_method', None)
+    return None if get_method is None else get_method().linear_in
+  return 'kernel' if kinds.of(module) in (kinds.DENSE, kinds.CONV) else None
 
 
-def _layer_type(module, types) -> type | None:
-  """The first of `types` that `module` is an instance of (None: none); a reparameterized layer
-  (GmPDense is an nn.Dense, with no kernel) matches only a reparameterized type."""
-  own = getattr(module, 'reparameterized', False)
-  return next((t for t in types if isinstance(module, t)
-               and (not own or getattr(t, 'reparameterized', False))), None)
-
-
-def _intercepting_apply(model, variables, inputs, types, on_output, method, apply_kwargs):
-  """Runs `model.apply`, passing each outermost call of a layer in `types` through `on_output`.
+def _intercepting_apply(model, variables, inputs, counts, on_output, method, apply_kwargs):
+  """Runs `model.apply`, passing each outermost call of a layer that `counts(module)` through
+  `on_output`.
 
   `on_output(module, key, y) -> y'`, `key` the layer's path joined by '/' (its
   class name for a top-level layer), with '#k' appended for the k-th reuse of a
@@ -83,7 +70,7 @@ def _intercepting_apply(model, variables, inputs, types, on_output, method, appl
   def interceptor(next_fun, args, kwargs, context):
     module = context.module
     if (context.method_name != '__call__' or depth[0] > 0 or conv.bypassed()
-        or _layer_type(module, types) is None):  # bypassed: a layer's own inner nn.Dense
+        or not counts(module)):  # bypassed: a layer's own inner nn.Dense
       return next_fun(*args, **kwargs)
     depth[0] += 1  # layers built inside a layer (LCWConv's nn.Conv) are not separate layers
     try:
@@ -109,7 +96,7 @@ def data_dependent_init(
     variables: Mapping[str, Any],
     inputs: Any,
     *,
-    scaled_params: Mapping[type, str] | None = None,
+    param_of: Callable[[nn.Module], str | None] = scaled_param,
     method: Callable[..., Any] | str | None = None,
     **apply_kwargs,
 ) -> dict[str, Any]:
@@ -118,7 +105,7 @@ def data_dependent_init(
   One forward pass in execution order: each layer's output `z = h + b` (`b`
   its bias) is replaced on the fly by `c h + b` with `c = 1 / std(h)`, so later
   layers see the rescaled signal, and the layer's scaled parameter (see
-  `SCALED_PARAMS`) is multiplied by `c`. The variance is pooled over all
+  `scaled_param`) is multiplied by `c`. The variance is pooled over all
   elements of `h`; with zero biases (the usual init) `var(z) = 1` exactly.
   Deterministic. Layers of other types (GmP, normalization) are unchanged.
   Layers wrapped in `nn.SpectralNorm` / `nn.WeightNorm` are not supported
@@ -128,7 +115,8 @@ def data_dependent_init(
     model: the Flax module.
     variables: its variables (`{'params': ..., ...}`).
     inputs: one minibatch, passed as `model.apply(variables, inputs, ...)`.
-    scaled_params: layer type -> parameter name; default `SCALED_PARAMS`.
+    param_of: `param_of(layer) -> name or None`, the parameter to scale (None: the layer is
+      not rescaled); default `scaled_param`.
     method: forwarded to `model.apply`.
     **apply_kwargs: forwarded to `model.apply` (e.g. `train=True,
       mutable=['batch_stats']`; the updated collections are discarded).
@@ -136,7 +124,6 @@ def data_dependent_init(
   Returns:
     new variables with the rescaled parameters (other collections unchanged).
   """
-  scaled_params = dict(SCALED_PARAMS if scaled_params is None else scaled_params)
   names: dict[tuple[str, ...], str] = {}  # static, filled while tracing
 
   def factors_of(variables, inputs):
@@ -149,13 +136,13 @@ def data_dependent_init(
       bias = params.get('bias') if isinstance(params, Mapping) else None
       h = y if bias is None else y - bias
       if path not in factors:
-        names[path] = scaled_params[_layer_type(module, scaled_params)]
+        names[path] = param_of(module)
         factors[path] = lax.rsqrt(jnp.var(h.astype(jnp.float32)))
       c = factors[path].astype(y.dtype)
       return c * h if bias is None else c * h + bias
 
-    _intercepting_apply(model, variables, inputs, tuple(scaled_params), on_output, method,
-                        apply_kwargs)
+    _intercepting_apply(model, variables, inputs, lambda m: param_of(m) is not None, on_output,
+                        method, apply_kwargs)
     return factors
 
   factors = jax.jit(factors_of)(variables, inputs)
@@ -219,15 +206,18 @@ def variance_analysis(
     variables: its variables.
     inputs: one minibatch.
     loss_fn: `loss_fn(model_output) -> scalar` (close over the labels).
-    layer_types: layers whose outputs count as pre-activations; default the
-      keys of `SCALED_PARAMS` (Dense, Conv, LCW, CWN).
+    layer_types: layers whose outputs count as pre-activations (a reparameterized
+      layer, such as `GmPDense`, only as an instance of a reparameterized type); default
+      those with a `scaled_param` (Dense, Conv, LCW, CWN, WN).
     method: forwarded to `model.apply`.
     **apply_kwargs: forwarded to `model.apply`.
 
   Returns:
     one `LayerStats` per layer call.
   """
-  types = tuple(SCALED_PARAMS) if layer_types is None else tuple(layer_types)
+  own = lambda cls: getattr(cls, 'reparameterized', False)
+  counts = (lambda m: scaled_param(m) is not None) if layer_types is None else (
+      lambda m: any(isinstance(m, t) and (own(t) or not own(m)) for t in layer_types))
   order: list[str] = []  # execution order, filled while tracing (jit sorts dict keys)
 
   def outputs_and_grads(variables, inputs):
@@ -239,14 +229,14 @@ def variance_analysis(
       order.append(key)
       return y
 
-    _intercepting_apply(model, variables, inputs, types, record, method, apply_kwargs)
+    _intercepting_apply(model, variables, inputs, counts, record, method, apply_kwargs)
 
     def loss_of(perturbations):
       def add(module, key, y):
         del module
         return y + perturbations[key]
 
-      out = _intercepting_apply(model, variables, inputs, types, add, method, apply_kwargs)
+      out = _intercepting_apply(model, variables, inputs, counts, add, method, apply_kwargs)
       return loss_fn(out)
 
     grads = jax.grad(loss_of)({k: jnp.zeros_like(v) for k, v in outputs.items()})

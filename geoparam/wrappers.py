@@ -395,6 +395,8 @@ def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs
 class _Wrapper(nn.Module):
   """A layer run with the kernel and bias of a method (`get_method`); fields in subclasses."""
 
+  reparameterized = True  # a reparameterized layer (`geoparam.variance` reads its method)
+
   def get_method(self) -> methods.Method:
     raise NotImplementedError
 

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from geoparam import methods
 from geoparam import variance
 from geoparam.baselines import CWNDense
 from geoparam.linear_constrained import LCWConv, LCWDense, kernel_from_v, v_from_kernel
@@ -165,6 +166,36 @@ def test_data_dependent_init_generic_and_deterministic():
   np.testing.assert_allclose(ratio, ratio[0], rtol=1e-6)
   stats = variance.variance_analysis(model, new, x, lambda out: jnp.sum(out))
   assert [s.name for s in stats] == ['LCWConv_0', 'Conv_0', 'CWNDense_0', 'Dense_0']
+  for s in stats:
+    assert s.var == pytest.approx(1.0, abs=1e-3)
+
+
+class Wrapped(nn.Module):
+  """One `geoparam.Reparam` per method: the method's record says which variable is rescaled."""
+
+  @nn.compact
+  def __call__(self, x):
+    import geoparam  # pylint: disable=g-import-not-at-top
+    for m in ('lcw', 'cwn', 'wn', 'gmp', methods.get('wn')._replace(name='wn_fixed',
+                                                                      linear_in=None)):
+      x = jnp.tanh(geoparam.Reparam(nn.Dense(5), m, name=getattr(m, 'name', m))(x))
+    return x
+
+
+def test_data_dependent_init_reads_the_methods_record():
+  """`scaled_param` is the method's `linear_in`: LCW's v, CWN's and WN's scale rescaled to unit
+  pre-activation variance; GmP and a method whose record names none left as they are."""
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(32, 4)) + 0.5, jnp.float32)
+  model = Wrapped()
+  variables = numpy_params(model, x, scale=0.3)
+  new = variance.data_dependent_init(model, variables, x)
+  moved = {name: [n for n in p if not np.array_equal(p[n], new['params'][name][n])]
+           for name, p in variables['params'].items()}
+  assert moved == {'lcw': ['v'], 'cwn': ['scale'], 'wn': ['scale'], 'gmp': [], 'wn_fixed': []}
+  assert [methods.get(m).linear_in for m in ('lcw', 'cwn', 'wn', 'gmp')] == ['v', 'scale',
+                                                                            'scale', None]
+  stats = variance.variance_analysis(model, new, x, lambda out: jnp.sum(out))
+  assert [s.name for s in stats] == ['lcw', 'cwn', 'wn']  # layers with a scaled parameter
   for s in stats:
     assert s.var == pytest.approx(1.0, abs=1e-3)
 

@@ -127,6 +127,10 @@ class Method(NamedTuple):
       no checks): the stored variables standing for `kernel` (kernel shape) and
       `bias (F,)`, in their dtype; `convert` is its checked float64 form. None
       where the method has none.
+    linear_in: the variable the layer's output minus its bias is linear in (LCW's
+      `v`, CWN's and WN's `scale`: scaling it by `c` scales that part by `c`), which
+      `geoparam.variance.data_dependent_init` rescales. None where none is (GmP's
+      `scale` scales the bias term `lam` too).
   """
   name: str
   params: Callable[[Shape, Layer, Callable[[], jax.Array]], dict[str, Param]]
@@ -138,6 +142,7 @@ class Method(NamedTuple):
   imn: IMN | None = None
   gain: str | None = None
   from_kernel: Callable[[jax.Array, jax.Array, bool], dict[str, jax.Array]] | None = None
+  linear_in: str | None = None
 
 
 def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:

@@ -86,4 +86,4 @@ def lcw() -> base.Method:
 
   return base.Method('lcw', params, _apply, _convert, _bake, min_fan_in=2,
                      fan_in_reason='one weight has no nonzero zero-sum value',
-                     from_kernel=_from_kernel)
+                     from_kernel=_from_kernel, linear_in='v')

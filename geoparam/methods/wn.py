@@ -79,7 +79,7 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
     return kernel, f64('bias') if 'bias' in params else None
 
   return base.Method(name, params, apply, convert, bake, min_fan_in, fan_in_reason,
-                     from_kernel=from_kernel)
+                     from_kernel=from_kernel, linear_in='scale')
 
 
 def wn(scale_init=jinit.ones, epsilon: float = 1e-12) -> base.Method:
