@@ -580,7 +580,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
       raise ValueError(
           f'bake: the variables lack params/{_name(path)} of layer {_name(path)} '
           f'({method.name}\'s {names}' + (f'; they hold {held}' if held else '') + '): '
-          + (f"these are the plain model's; " if held and 'kernel' in held else '') + given + '.')
+          + ("these are the plain model's; " if held and 'kernel' in held else '') + given + '.')
     held = {n: jnp.shape(meta.unbox(stored[n])) for n in names}
     need = {n: stack + tuple(specs[n].shape) for n in names}
     if held != need:

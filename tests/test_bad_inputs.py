@@ -668,3 +668,20 @@ def test_bake_of_a_conv_whose_mask_is_made_while_tracing_names_it():
   converted = geoparam.to_reparameterized(rp, Masked().init(jax.random.key(0), x), x)
   with pytest.raises(ValueError, match=r'layer conv: its mask is a traced array .*made outside'):
     geoparam.bake(rp, jax.tree.map(lambda a: a + 0.3, converted), x)
+
+
+def test_a_numpy_bool_is_a_flag_in_every_check():
+  """One flag check (`selection.check_flag`): `np.True_`/`np.False_` (from a numpy config or a
+  comparison) pass wherever True/False do; a None passes only where the argument is optional."""
+  from geoparam import selection  # pylint: disable=g-import-not-at-top
+  x = jax.random.normal(jax.random.key(1), (4, 3)) + 2.0
+  rp = geoparam.reparameterize(nn.Dense(2), 'gmp_imn', use_running_average=np.False_)
+  v = rp.init(jax.random.key(0), x)
+  y, _ = rp.apply(v, x, mutable=['batch_stats'])
+  np.testing.assert_allclose(y, rp.apply(v, x - x.mean(0), mutable=['batch_stats'])[0],
+                             atol=1e-5)  # training mode: the batch mean is subtracted
+  geoparam.bake(rp, v, x, approximate_borders=np.True_)
+  selection.check_flag('use_running_average', None, 'InputMeanNorm', optional=True)
+  with pytest.raises(TypeError, match=r'^InputMeanNorm: use_running_average must be True or '
+                                      r'False, got None\.$'):
+    selection.check_flag('use_running_average', None, 'InputMeanNorm')

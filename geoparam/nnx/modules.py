@@ -187,9 +187,8 @@ def _mode(module, use_running_average):
   if use_running_average is None:
     raise ValueError(f'{type(module).__name__}: use_running_average is None; set it, call '
                      'model.train()/model.eval(), or pass it to the call.')
-  if not isinstance(use_running_average, (bool, np.bool_)):
-    raise TypeError(f'{type(module).__name__}: use_running_average must be None, True or False, '
-                    f'got {use_running_average!r}.')
+  selection.check_flag('use_running_average', use_running_average, type(module).__name__,
+                       optional=True)
   return bool(use_running_average)
 
 

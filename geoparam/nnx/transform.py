@@ -32,7 +32,6 @@ from typing import Any
 
 from flax import nnx
 import jax.numpy as jnp
-import numpy as np
 
 from geoparam import exact
 from geoparam import kinds
