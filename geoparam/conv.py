@@ -87,6 +87,16 @@ def tap_mask(layer: Any, spatial_in: tuple[int, ...], probe) -> np.ndarray:
   return mask
 
 
+def tap_products(kernel, mean, xp=jnp, **einsum_options):
+  """`w_{t,f}^T m`: each tap `t` of a conv kernel `(*window, C_in / groups, F)` against the mean
+  `m` `(C_in,)` of its unit's group of channels, `(taps, F)`; `xp`: `jnp`, or `np` in float64."""
+  taps, group_in, features = math.prod(kernel.shape[:-2]), kernel.shape[-2], kernel.shape[-1]
+  groups = mean.shape[-1] // group_in
+  k = kernel.reshape(taps, group_in, groups, features // groups)
+  return xp.einsum('tcgh,gc->tgh', k, mean.reshape(groups, group_in),
+                   **einsum_options).reshape(taps, features)
+
+
 def split(tap_mask_: np.ndarray, kernel: jax.Array, mean: jax.Array, precision=None,
           kernel_mask=None) -> tuple[jax.Array, np.ndarray, jax.Array]:
   """IMN's conv fold: `conv(mean * 1)` as `(flat, positions, correction)`, from the conv's
@@ -97,16 +107,11 @@ def split(tap_mask_: np.ndarray, kernel: jax.Array, mean: jax.Array, precision=N
 
   `kernel_mask`: the conv's `mask` over its kernel, or None.
   """
-  taps, group_in, features = math.prod(kernel.shape[:-2]), kernel.shape[-2], kernel.shape[-1]
-  groups = mean.shape[-1] // group_in
   dtype = jnp.promote_types(jnp.promote_types(kernel.dtype, mean.dtype), jnp.float32)
   if kernel_mask is not None:
     kernel = kernel * jnp.asarray(kernel_mask, kernel.dtype)
-  # per_tap[t, f] = sum_c kernel[t, c, f] * mean[group(f) * group_in + c]
-  k = kernel.astype(dtype).reshape(taps, group_in, groups, features // groups)
-  per_tap = jnp.einsum('tcgh,gc->tgh', k, mean.astype(dtype).reshape(groups, group_in),
-                       precision=precision).reshape(taps, features)
-  mask = tap_mask_.reshape(-1, taps)
+  per_tap = tap_products(kernel.astype(dtype), mean.astype(dtype), precision=precision)
+  mask = tap_mask_.reshape(-1, per_tap.shape[0])
   positions = np.flatnonzero(np.any(mask != 1, axis=1))
   correction = jnp.tensordot((mask[positions] - 1).astype(dtype), per_tap, axes=1,
                              precision=precision)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import conv
 from geoparam import kinds
 from geoparam import methods
 from geoparam.methods import run
@@ -163,10 +164,7 @@ def _mean_dot(kind, layer, mean, kernel, path=()):
           'layer a mask made outside (a numpy array or a module attribute).')
     if mask is not None:  # the layer multiplies its kernel by it
       kernel = kernel * np.asarray(mask, np.float64).reshape(kernel.shape)
-    groups = layer.feature_group_count
-    per_unit = np.repeat(mean.reshape(groups, -1), features // groups, axis=0)  # (F, C_in / g)
-    window_sum = kernel.reshape((-1,) + kernel.shape[-2:]).sum(0)  # (C_in / g, F)
-    return np.einsum('cf,fc->f', window_sum, per_unit)
+    return conv.tap_products(kernel, mean, np).sum(0)
   return mean @ kernel.reshape(-1, features)
 
 
