@@ -65,6 +65,7 @@ from geoparam import kinds
 from geoparam import methods
 from geoparam import selection
 from geoparam import wrappers
+from geoparam.selection import name as _name
 
 __all__ = ['ReparamParamNotFoundError', 'Reparameterized', 'reparameterize', 'selected',
            'to_reparameterized', 'bake']
@@ -449,10 +450,6 @@ def _unfrozen(variables):
 def _like(abstract, value):
   """`value` in the partitioning box of `abstract` (the plain model's init's), if it has one."""
   return abstract.replace_boxed(value) if isinstance(abstract, meta.AxisMetadata) else value
-
-
-def _name(path):
-  return '/'.join(str(p) for p in path) or '<root>'
 
 
 def _collections(variables) -> str:

@@ -38,6 +38,7 @@ from geoparam import kinds
 from geoparam import methods
 from geoparam import selection
 from geoparam.nnx import modules
+from geoparam.selection import name as _name
 
 __all__ = ['DroppedBatchNorm', 'reparameterize', 'bake']
 
@@ -65,9 +66,6 @@ class DroppedBatchNorm(nnx.Module):
     """Returns `x` (any BatchNorm call arguments are accepted and ignored)."""
     del args, kwargs
     return x
-
-
-_name = selection.name
 
 
 def _replace(model, path, new):
