@@ -612,7 +612,8 @@ def test_bake_names_imn_as_why_a_bias_free_layer_cannot_bake_in_both_shells():
   x = jax.random.normal(jax.random.key(0), (8, 3)) + 1.0
   layer = gnnx.reparameterize(nnx.Linear(3, 4, use_bias=False, rngs=nnx.Rngs(0)), 'gmp_imn', x)
   layer.input_mean_norm['mean'][...] = layer.input_mean_norm['mean'][...] + 1.0
-  with pytest.raises(ValueError, match=r"use_bias=False .* IMN's running mean .*exclude=\[\.\.\.\]"):
+  with pytest.raises(ValueError,
+                     match=r"use_bias=False .* IMN's running mean .*exclude=\[\.\.\.\]"):
     gnnx.bake(layer)
 
 
