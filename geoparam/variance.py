@@ -31,7 +31,7 @@ from jax import lax
 
 from geoparam import conv
 from geoparam import kinds
-from geoparam import wrappers  # noqa: F401  pylint: disable=unused-import (registers nn.Dense, ...)
+from geoparam import transform
 
 __all__ = [
     'scaled_param',
@@ -107,7 +107,9 @@ def data_dependent_init(
   layers see the rescaled signal, and the layer's scaled parameter (see
   `scaled_param`) is multiplied by `c`. The variance is pooled over all
   elements of `h`; with zero biases (the usual init) `var(z) = 1` exactly.
-  Deterministic. Layers of other types (GmP, normalization) are unchanged.
+  Deterministic. Layers of other types (GmP, normalization) are unchanged. A model
+  of `geoparam.reparameterize` rescales its method's `linear_in` in the layers it
+  reparameterized (none for GmP) and the kernels of those it keeps plain.
   Layers wrapped in `nn.SpectralNorm` / `nn.WeightNorm` are not supported
   (the wrapper renormalizes the kernel; paper 003 gives SN models Glorot init).
 
@@ -126,6 +128,19 @@ def data_dependent_init(
   """
   names: dict[tuple[str, ...], str] = {}  # static, filled while tracing
 
+  def param(module):
+    """`param_of(module)`; for a layer the whole-model transform reparameterizes (it holds the
+    method's variables, not a kernel), the method's `linear_in`."""
+    name, held = param_of(module), module.variables.get('params', {})
+    if (name is not None and isinstance(model, transform.Reparameterized)
+        and not getattr(module, 'reparameterized', False)
+        and transform.selected(model, module, tuple(module.path))):
+      name = model.get_method().linear_in
+    if name is not None and name not in held:
+      raise ValueError(f'data_dependent_init: layer {"/".join(module.path)} holds no parameter '
+                       f'{name!r} to rescale (it holds {sorted(held)}).')
+    return name
+
   def factors_of(variables, inputs):
     factors: dict[tuple[str, ...], jax.Array] = {}
 
@@ -136,12 +151,12 @@ def data_dependent_init(
       bias = params.get('bias') if isinstance(params, Mapping) else None
       h = y if bias is None else y - bias
       if path not in factors:
-        names[path] = param_of(module)
+        names[path] = param(module)
         factors[path] = lax.rsqrt(jnp.var(h.astype(jnp.float32)))
       c = factors[path].astype(y.dtype)
       return c * h if bias is None else c * h + bias
 
-    _intercepting_apply(model, variables, inputs, lambda m: param_of(m) is not None, on_output,
+    _intercepting_apply(model, variables, inputs, lambda m: param(m) is not None, on_output,
                         method, apply_kwargs)
     return factors
 

@@ -200,6 +200,33 @@ def test_data_dependent_init_reads_the_methods_record():
     assert s.var == pytest.approx(1.0, abs=1e-3)
 
 
+class TwoLayers(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2, name='head')(jnp.tanh(nn.Dense(4, name='hidden')(x)))
+
+
+@pytest.mark.parametrize('method, moved', [('lcw', 'v'), ('cwn', 'scale'), ('wn', 'scale'),
+                                           ('gmp', None)])
+def test_data_dependent_init_of_a_whole_model_transform(method, moved):
+  """`geoparam.reparameterize`'s layers hold the method's variables: the method's `linear_in` is
+  rescaled (before: a KeyError for LCW, and CWN's and WN's raw kernel scaled, which leaves their
+  output as it was: a silently wrong init); the excluded head's kernel as a plain layer's."""
+  import geoparam  # pylint: disable=g-import-not-at-top
+  x = jax.random.normal(jax.random.key(0), (16, 3)) + 1.0
+  rp = geoparam.reparameterize(TwoLayers(), method, exclude=['head'])
+  variables = rp.init(jax.random.key(1), x)
+  new = variance.data_dependent_init(rp, variables, x)
+  changed = {layer: [n for n in p if not np.array_equal(p[n], new['params'][layer][n])]
+             for layer, p in variables['params'].items()}
+  assert changed == {'hidden': [moved] if moved else [], 'head': ['kernel']}
+  stats = {s.name: s.var for s in variance.variance_analysis(rp, new, x, jnp.sum)}
+  assert stats['head'] == pytest.approx(1.0, abs=1e-3)
+  if moved:
+    assert stats['hidden'] == pytest.approx(1.0, abs=1e-3)
+
+
 def test_data_dependent_init_zero_variance_error():
   model = nn.Dense(3)
   x = jnp.zeros((4, 2))
