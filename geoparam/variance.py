@@ -136,6 +136,10 @@ def data_dependent_init(
         and not getattr(module, 'reparameterized', False)
         and transform.selected(model, module, tuple(module.path))):
       name = model.get_method().linear_in
+    if name == 'kernel' and set(held) - {'kernel', 'bias'}:  # e.g. a nested reparameterize
+      raise ValueError(f'data_dependent_init: layer {"/".join(module.path)} holds '
+                       f"{sorted(held)}, not a plain layer's kernel and bias: pass the model "
+                       'that geoparam.reparameterize returned itself.')
     if name is not None and name not in held:
       raise ValueError(f'data_dependent_init: layer {"/".join(module.path)} holds no parameter '
                        f'{name!r} to rescale (it holds {sorted(held)}).')

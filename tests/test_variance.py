@@ -227,6 +227,23 @@ def test_data_dependent_init_of_a_whole_model_transform(method, moved):
     assert stats['hidden'] == pytest.approx(1.0, abs=1e-3)
 
 
+def test_data_dependent_init_refuses_a_reparameterized_layer_it_cannot_see_as_such():
+  """A `geoparam.reparameterize` model inside another module: its CWN layer holds `kernel`,
+  `scale` and `bias`; scaling the raw kernel would change nothing (silently), so it raises."""
+  import geoparam  # pylint: disable=g-import-not-at-top
+
+  class Outer(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return geoparam.reparameterize(TwoLayers(), 'cwn', exclude=['head'])(x)
+
+  x = jax.random.normal(jax.random.key(0), (16, 3)) + 1.0
+  variables = Outer().init(jax.random.key(1), x)
+  with pytest.raises(ValueError, match=r"holds \['bias', 'kernel', 'scale'\], not a plain layer"):
+    variance.data_dependent_init(Outer(), variables, x)
+
+
 def test_data_dependent_init_zero_variance_error():
   model = nn.Dense(3)
   x = jnp.zeros((4, 2))
