@@ -607,11 +607,11 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     _put(new['params'], path, plain)
   for layer_path, bn_path in dropped.items():
     bn = norms[bn_path].layer
-    stats = _get(shapes['batch_stats'], bn_path)['mean']
+    running = _get(shapes['batch_stats'], bn_path)['mean']
     carried = biases.pop(layer_path, 0.0)  # the bias of a layer that has none
-    stats, affine = exact.identity_batchnorm(stats.shape, bn.epsilon, bn.use_scale, bn.use_bias,
-                                             stats.dtype, stats.dtype, carried, layer_path,
-                                             bn_path)
+    stats, affine = exact.identity_batchnorm(running.shape, bn.epsilon, bn.use_scale,
+                                             bn.use_bias, running.dtype, running.dtype, carried,
+                                             layer_path, bn_path)
     _put(new.setdefault('batch_stats', {}), bn_path, stats)
     if affine:
       own = _get(like['params'], bn_path)

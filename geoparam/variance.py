@@ -32,6 +32,7 @@ from jax import lax
 from geoparam import conv
 from geoparam import kinds
 from geoparam import transform
+from geoparam.selection import name as _name
 
 __all__ = [
     'scaled_param',
@@ -137,11 +138,11 @@ def data_dependent_init(
         and transform.selected(model, module, tuple(module.path))):
       name = model.get_method().linear_in
     if name == 'kernel' and set(held) - {'kernel', 'bias'}:  # e.g. a nested reparameterize
-      raise ValueError(f'data_dependent_init: layer {"/".join(module.path)} holds '
+      raise ValueError(f'data_dependent_init: layer {_name(module.path)} holds '
                        f"{sorted(held)}, not a plain layer's kernel and bias: pass the model "
                        'that geoparam.reparameterize returned itself.')
     if name is not None and name not in held:
-      raise ValueError(f'data_dependent_init: layer {"/".join(module.path)} holds no parameter '
+      raise ValueError(f'data_dependent_init: layer {_name(module.path)} holds no parameter '
                        f'{name!r} to rescale (it holds {sorted(held)}).')
     return name
 
