@@ -1,20 +1,23 @@
 r"""Train-step images/s of ResNet-50 and VGG-6 under GmP+IMN against BN, measured in the same run.
 
   python -m benchmarks.vision_throughput [--models=resnet50,vgg6] [--repeats=20] \
-      [--batch=0] [--image=0] [--dtype=float32|bfloat16] [--out=FILE.json] [--tiny]
+      [--parameterizations=bn,gmp_imn] [--batch=0] [--image=0] \
+      [--dtype=float32|bfloat16] [--out=FILE.json] [--tiny]
 
-For each model, both parameterizations are built and compiled, then their
-train steps (forward, backward, SGD-momentum update, `batch_stats` update;
-jitted, donated, after two warm-up steps) are timed in alternation, `repeats`
-times each, so drift of a shared machine hits both alike. Reported: median
-images/s of each and the ratio GmP+IMN / BN (median over rounds of the per-round
-ratio of images/s: the number to compare across machines), the compile time of
-each train step (`jit(...).lower(...).compile()`, tracing included), and the
-device. Batch (`--batch=0`: the papers' 256 for both) and image sizes
-(`--image=0`) are paper 002's: 224x224 for ResNet-50, 32x32 for VGG-6, 1000
-classes. `--dtype` is the computation dtype of both models (params and the
-optimizer in float32, GmP's map in float32, images in the dtype, the loss in
-float32). `--tiny` shrinks widths, depths and images (the test suite runs that).
+For each model, each parameterization (`sp`: plain, no normalization; `bn`; `gmp`;
+`gmp_imn`) is built and compiled, then their train steps (forward, backward,
+SGD-momentum update, `batch_stats` update; jitted, donated, after two warm-up
+steps) are timed in alternation, `repeats` times each, so drift of a shared
+machine hits all alike. Reported: median images/s of each; the ratio GmP+IMN / BN
+(median over rounds of the per-round ratio of images/s: the number to compare
+across machines), likewise every other parameterization against BN and against
+`sp` when they are timed; the compile time of each train step
+(`jit(...).lower(...).compile()`, tracing included); and the device. Batch
+(`--batch=0`: the papers' 256) and image sizes (`--image=0`) are paper 002's:
+224x224 for ResNet-50, 32x32 for VGG-6, 1000 classes. `--dtype` is the
+computation dtype of every model (params and the optimizer in float32, GmP's map
+in float32, images in the dtype, the loss in float32). `--tiny` shrinks widths,
+depths and images (the test suite runs that).
 """
 
 from __future__ import annotations
@@ -35,12 +38,15 @@ from experiments.vision import models as vision_models
 FLAGS = flags.FLAGS
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 MODELS = ('resnet50', 'vgg6')
-PARAMETERIZATIONS = ('bn', 'gmp_imn')
+PARAMETERIZATIONS = ('sp', 'bn', 'gmp', 'gmp_imn')
+DEFAULT_PARAMETERIZATIONS = ('bn', 'gmp_imn')
 
 
 def define_flags():
   """Defines the command's flags (only when run as a script, so imports never clash)."""
   flags.DEFINE_list('models', list(MODELS), f'Models to time, among {", ".join(MODELS)}.')
+  flags.DEFINE_list('parameterizations', list(DEFAULT_PARAMETERIZATIONS),
+                    f'Parameterizations to time, among {", ".join(PARAMETERIZATIONS)}.')
   flags.DEFINE_integer('repeats', 20, 'Timed steps per parameterization (median reported).')
   flags.DEFINE_integer('batch', 0, 'Batch size (0: 256, the papers\').')
   flags.DEFINE_integer('image', 0, 'Image side in pixels (0: the paper\'s, 224 / 32).')
@@ -109,15 +115,24 @@ class _Runner:
 
 
 def run(models=MODELS, tiny: bool = False, repeats: int = 20, batch: int = 0,
-        out: str | None = None, dtype: str = 'float32', image: int = 0) -> list[dict]:
-  """Times each model under BN and GmP+IMN; returns one row per model (and writes `out`).
+        out: str | None = None, dtype: str = 'float32', image: int = 0,
+        parameterizations=DEFAULT_PARAMETERIZATIONS) -> list[dict]:
+  """Times each model under each parameterization; returns one row per model (and writes `out`).
 
-  `dtype` (`'float32'` or `'bfloat16'`): computation dtype of both models;
-  `image`: image side (0: the paper's).
+  `dtype` (`'float32'` or `'bfloat16'`): computation dtype of every model;
+  `image`: image side (0: the paper's); `parameterizations`: among `PARAMETERIZATIONS`.
+  A row holds `{p}_ms`, `{p}_images_per_s` and `{p}_compile_s` of each parameterization `p`,
+  and `{p}_vs_{q}` (images/s ratio) and `{p}_vs_{q}_compile` for `q` in BN and `sp` when timed
+  (`ratio` and `compile_ratio`: GmP+IMN against BN).
   """
   unknown = [m for m in models if m not in MODELS]
   if unknown or not models:
     raise ValueError(f'unknown models {unknown or list(models)}; accepted: {", ".join(MODELS)}.')
+  ps = tuple(parameterizations)
+  unknown = [p for p in ps if p not in PARAMETERIZATIONS]
+  if unknown or not ps or len(set(ps)) != len(ps):
+    raise ValueError(f'bad parameterizations {list(ps)}; accepted (each once): '
+                     f'{", ".join(PARAMETERIZATIONS)}.')
   if repeats < 1:
     raise ValueError(f'repeats must be >= 1, got {repeats}.')
   if dtype not in DTYPES:
@@ -126,26 +141,34 @@ def run(models=MODELS, tiny: bool = False, repeats: int = 20, batch: int = 0,
   rows = []
   for name in models:
     runners = {}
-    for p in PARAMETERIZATIONS:
+    for p in ps:
       model, shape = build(name, p, tiny, DTYPES[dtype], image)
       runners[p] = _Runner(model, shape, batch, dtype=DTYPES[dtype])
-    times = {p: [] for p in PARAMETERIZATIONS}
+    times = {p: [] for p in ps}
     for _ in range(repeats):
-      for p in PARAMETERIZATIONS:
+      for p in ps:
         times[p].append(runners[p].run())
+    times = {p: np.array(t) for p, t in times.items()}
     row = {'model': name, 'batch': batch, 'image': list(shape), 'dtype': dtype}
-    for p in PARAMETERIZATIONS:
+    for p in ps:
       row[f'{p}_ms'] = 1e3 * float(np.median(times[p]))
       row[f'{p}_images_per_s'] = batch / float(np.median(times[p]))
       row[f'{p}_compile_s'] = runners[p].compile_s
-    # images/s ratio GmP+IMN / BN = BN time / GmP+IMN time, per round (steps timed in turns).
-    row['ratio'] = float(np.median(np.array(times['bn']) / np.array(times['gmp_imn'])))
-    row['compile_ratio'] = row['gmp_imn_compile_s'] / row['bn_compile_s']
+    report = []
+    for q in ('bn', 'sp'):
+      for p in (p for p in ps if q in ps and p not in (q, 'sp')):
+        # images/s ratio p / q = q's time / p's time, per round (steps timed in turns).
+        row[f'{p}_vs_{q}'] = float(np.median(times[q] / times[p]))
+        row[f'{p}_vs_{q}_compile'] = compile_ratio = (row[f'{p}_compile_s'] /
+                                                      row[f'{q}_compile_s'])
+        report.append(f'{p}/{q} {row[f"{p}_vs_{q}"]:.3f} (compile {compile_ratio:.2f})')
+    if 'gmp_imn_vs_bn' in row:
+      row['ratio'], row['compile_ratio'] = row['gmp_imn_vs_bn'], row['gmp_imn_vs_bn_compile']
     rows.append(row)
-    print(f'{name:9s} batch {batch} {"x".join(map(str, shape))} {dtype}: BN '
-          f'{row["bn_images_per_s"]:9.1f} img/s, GmP+IMN {row["gmp_imn_images_per_s"]:9.1f} '
-          f'img/s, ratio GmP+IMN/BN {row["ratio"]:.3f} (compile {row["bn_compile_s"]:.1f}s / '
-          f'{row["gmp_imn_compile_s"]:.1f}s, ratio {row["compile_ratio"]:.2f})', flush=True)
+    each = ', '.join(f'{p} {row[f"{p}_images_per_s"]:.1f} img/s '
+                     f'(compile {row[f"{p}_compile_s"]:.1f}s)' for p in ps)
+    print(f'{name:9s} batch {batch} {"x".join(map(str, shape))} {dtype}: {each}; '
+          f'ratios {", ".join(report) or "-"}', flush=True)
   if out:
     device = jax.devices()[0]
     with open(out, 'w') as f:
@@ -159,7 +182,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Too many command-line arguments: {argv[1:]}')
   run(tuple(FLAGS.models), tiny=FLAGS.tiny, repeats=FLAGS.repeats, batch=FLAGS.batch,
-      out=FLAGS.out, dtype=FLAGS.dtype, image=FLAGS.image)
+      out=FLAGS.out, dtype=FLAGS.dtype, image=FLAGS.image,
+      parameterizations=tuple(FLAGS.parameterizations))
 
 
 if __name__ == '__main__':
