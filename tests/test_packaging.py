@@ -145,9 +145,12 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
   subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True,
                  timeout=120)
   python = str(venv / 'bin' / 'python')
+  # Without PYTHONPATH: a checkout on it (its geoparam.egg-info) would make pip see geoparam as
+  # installed already and install nothing.
+  env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
   proc = subprocess.run(
       [sys.executable, '-m', 'pip', '--python', python, 'install', '--no-deps', '--no-index', '-q',
-       str(wheel)], capture_output=True, text=True, timeout=300, check=False)
+       str(wheel)], capture_output=True, text=True, timeout=300, check=False, env=env)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   purelib = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
                            capture_output=True, text=True, check=True).stdout.strip()
@@ -166,7 +169,6 @@ print(y.shape, bool(jnp.all(jnp.isfinite(y))), bool(jnp.all(y >= 0)))
 """
   with open(os.path.join(ROOT, 'PYPI.md'), encoding='utf-8') as f:  # its example runs there too
     code += re.search(r'```python\n(.*?)```', f.read(), re.DOTALL).group(1) + 'print(y.shape)\n'
-  env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
   env['JAX_PLATFORMS'] = 'cpu'
   proc = subprocess.run([python, '-c', code], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=300, check=False)
