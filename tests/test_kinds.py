@@ -89,15 +89,16 @@ def _linen_round_trip(model, x, method='gmp'):
   plain = model.init(jax.random.key(0), x)
   rp = geoparam.reparameterize(model, method, exclude=['head'])
   variables = geoparam.to_reparameterized(rp, plain, x)
-  _close(rp.apply(variables, x), model.apply(plain, x))
+  apply = jax.jit(rp.apply)  # one compilation each, not one per eager op
+  _close(apply(variables, x), model.apply(plain, x))
   # one training step moves every reparameterized variable; bake gives the same function back
-  loss = lambda p: jnp.mean(rp.apply({**variables, 'params': p}, x) ** 2)
-  grads = jax.grad(loss)(variables['params'])
+  loss = jax.jit(lambda p: jnp.mean(rp.apply({**variables, 'params': p}, x) ** 2))
+  grads = jax.jit(jax.grad(loss))(variables['params'])
   trained = {**variables, 'params': jax.tree.map(lambda p, g: p - 0.1 * g,
                                                   variables['params'], grads)}
   assert loss(trained['params']) < loss(variables['params'])
   baked = geoparam.bake(rp, trained, x)
-  _close(model.apply(baked, x), rp.apply(trained, x))
+  _close(model.apply(baked, x), apply(trained, x))
   return variables
 
 
@@ -186,23 +187,25 @@ def test_nnx_gemma_block_converts_trains_and_bakes_exactly(x64):
   model = Gemma(8, 2, 4, 6, nnx.Rngs(0))
   for _, v in nnx.to_flat_state(nnx.state(model)):
     v.set_value(jnp.asarray(v.get_value(), jnp.float64))
-  before = model(x)
+  forward = nnx.jit(lambda m: m(x))  # one compilation per model graph, not one per eager op
+  before = forward(model)
   gnnx.reparameterize(model, 'gmp', exclude=['head'])
   assert isinstance(model.q, gnnx.Reparam) and model.q.theta.shape == (7, 8)
   assert model.kv.theta.shape == (7, 8) and model.gating.theta.shape == (7, 12)
   assert not hasattr(model.gating, 'lam')  # the gating einsum has no bias: none is added
-  _close(model(x), before)
+  _close(forward(model), before)
   optimizer = nnx.Optimizer(model, optax.sgd(0.05), wrt=nnx.Param)
   loss = lambda m: jnp.mean(m(x) ** 2)
-  first = loss(model)
+  step = nnx.jit(lambda m, opt: opt.update(m, nnx.grad(loss)(m)))
+  first = jnp.mean(forward(model) ** 2)
   for _ in range(3):
-    optimizer.update(model, nnx.grad(loss)(model))
-  assert loss(model) < first
-  trained = model(x)
+    step(model, optimizer)
+  trained = forward(model)
+  assert jnp.mean(trained ** 2) < first
   gnnx.bake(model)
   assert type(model.q) is nnx.Einsum and model.q.kernel.shape == (2, 8, 4)
   assert model.gating.bias is None
-  _close(model(x), trained)
+  _close(forward(model), trained)
 
 
 def test_nnx_conv_transpose_converts_and_bakes_exactly(x64):
