@@ -36,8 +36,9 @@ class Runner:
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True)
 
-  def run(self, args, cwd=ROOT):
-    self.proc.stdin.write(json.dumps({'args': list(args), 'cwd': str(cwd)}) + '\n')
+  def run(self, args, cwd=ROOT, env=None):
+    request = {'args': list(args), 'cwd': str(cwd), 'env': dict(env or {})}
+    self.proc.stdin.write(json.dumps(request) + '\n')
     self.proc.stdin.flush()
     line = self.proc.stdout.readline()
     assert line, f'the helper exited ({self.proc.poll()})'
@@ -57,19 +58,25 @@ class Runner:
 _RUNNER = []
 
 
-def run_main(args, cwd=ROOT):
+def run_main(args, cwd=ROOT, env=None):
   """`python -m experiments.main *args` run from `cwd` by this process's one helper (started on
-  first use, shared by the test modules of a worker)."""
+  first use, shared by the test modules of a worker); `env`: environment variables to set in
+  the child (a value of None unsets one)."""
   if not _RUNNER:
     _RUNNER.append(Runner())
     atexit.register(_RUNNER[0].close)
-  return _RUNNER[0].run(args, cwd)
+  return _RUNNER[0].run(args, cwd, env)
 
 
-def _child(args, cwd, out_path, err_path):
+def _child(args, cwd, env, out_path, err_path):
   """In the forked child: `python -m experiments.main *args`, exit status and all."""
   code = 1
   try:
+    for name, value in env.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
     os.chdir(cwd)
     for fd, path in ((1, out_path), (2, err_path)):
       f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -109,7 +116,7 @@ def _serve(tmp):
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-      _child(request['args'], request['cwd'], out_path, err_path)
+      _child(request['args'], request['cwd'], request['env'], out_path, err_path)
     _, status = os.waitpid(pid, 0)
     with open(out_path) as f, open(err_path) as g:
       result = {'returncode': os.waitstatus_to_exitcode(status), 'stdout': f.read(),

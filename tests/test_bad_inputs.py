@@ -7,8 +7,6 @@ raised before any work.
 import io
 import os
 import re
-import subprocess
-import sys
 import tarfile
 
 import flax.linen as nn
@@ -300,11 +298,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
 
 
-def run_main(args, timeout=300):
-  return subprocess.run([sys.executable, '-m', 'experiments.main', *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout)
-
-
+run_main = cli_fork.run_main  # python -m experiments.main in a forked child (tests/cli_fork.py)
 assert_refused = cli_fork.assert_refused  # what tests/test_cli.py asserts
 
 

@@ -3,8 +3,6 @@ to the one the study gave before it moved onto experiments.lib.protocol), a tiny
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -106,10 +104,9 @@ EXPECTED_SMOKE_TABLE = """\
 def test_smoke_config_runs_through_main_and_gives_the_stored_table(tmp_path):
   """~20 s on 2 cores: 4 methods x 2 rates, each stopping early (plateau and restore-best)."""
   workdir = tmp_path / 'banana'
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main',
-       '--config=experiments/configs/banana_2d.py:smoke', f'--workdir={workdir}',
-       f'--config.data_dir={DATA_DIR}'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/banana_2d.py:smoke', f'--workdir={workdir}',
+       f'--config.data_dir={DATA_DIR}'])
   assert proc.returncode == 0, proc.stderr[-3000:]
   md = (workdir / 'results.md').read_text()
   assert md.startswith(EXPECTED_SMOKE_TABLE + '\n') and '- GmP has the highest test accuracy' in md

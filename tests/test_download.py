@@ -14,8 +14,6 @@ import http.server
 import io
 import os
 import socket
-import subprocess
-import sys
 import tarfile
 import threading
 from typing import ClassVar
@@ -26,6 +24,7 @@ import pytest
 from experiments.studies import banana_2d
 from experiments.data import download, uci_data
 from experiments.vision import sources
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
@@ -233,19 +232,16 @@ def test_loaders_download_when_allowed(server, tmp_path):
 def test_uci_regression_flag_downloads(server, tmp_path):
   """`--config.download=True` from the command line, the mirror given by $GEOPARAM_DATA_URL."""
   base, requests, _ = server
-  env = {k: v for k, v in os.environ.items() if k != download.DATA_DIR_ENV}
-  env.update({download.BASE_URL_ENV: f'{base}/data', download.CACHE_DIR_ENV: str(tmp_path / 'c'),
-              'JAX_PLATFORMS': 'cpu'})
-  cmd = [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/uci_regression.py',
-         '--config.datasets=yacht',
-         '--config.methods=sp', '--config.num_splits=1', '--config.num_epochs=3',
-         f'--workdir={tmp_path / "out"}']
-  bad = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-                       check=False)
+  env = {download.DATA_DIR_ENV: None, download.BASE_URL_ENV: f'{base}/data',
+         download.CACHE_DIR_ENV: str(tmp_path / 'c')}
+  args = ['--config=experiments/configs/uci_regression.py', '--config.datasets=yacht',
+          '--config.methods=sp', '--config.num_splits=1', '--config.num_epochs=3',
+          f'--workdir={tmp_path / "out"}']
+  # python -m experiments.main in a forked child (tests/cli_fork.py) with that environment
+  bad = cli_fork.run_main(args, env=env)
   assert bad.returncode == 2 and 'no data directory' in bad.stderr  # not without download
   assert not (tmp_path / 'out').exists()  # refused before any work
-  proc = subprocess.run(cmd + ['--config.download=True'], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300, check=False)
+  proc = cli_fork.run_main(args + ['--config.download=True'], env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f'downloading uci/yacht.txt (0.01 MB) from {base}/data/uci/yacht.txt' in proc.stderr
   assert '/data/uci/yacht.txt' in requests

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,16 +12,15 @@ from experiments.studies import levy_1d
 from experiments import main
 from experiments.lib import models
 from experiments.configs import levy_1d as levy_config
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_config_runs_through_main(tmp_path):
   workdir = tmp_path / 'levy'
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/levy_1d.py:smoke',
-       f'--workdir={workdir}'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/levy_1d.py:smoke', f'--workdir={workdir}'])
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(workdir / 'results.json') as f:
     summary = json.load(f)
@@ -47,11 +44,8 @@ def test_smoke_config_runs_through_main(tmp_path):
 
 def test_unknown_method_is_a_one_line_error(tmp_path):
   """Through `python -m experiments.main` with the Levy config (the README's first command)."""
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/levy_1d.py',
-       f'--workdir={tmp_path / "w"}',
-       '--config.methods=sp,foo'],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = cli_fork.run_main(['--config=experiments/configs/levy_1d.py',
+                            f'--workdir={tmp_path / "w"}', '--config.methods=sp,foo'])
   assert proc.returncode == 2
   assert proc.stderr.strip().count('\n') == 0 and 'foo' in proc.stderr, proc.stderr
   assert 'must be distinct comma-separated names among sp, wn' in proc.stderr

@@ -5,8 +5,6 @@ refused settings."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import ml_collections
@@ -110,13 +108,11 @@ def test_uci_smoke_with_cv_through_main(tmp_path):
   """`:smoke` (yacht, 3 splits) with lr_selection=cv, shrunk to GmP, 2 rates, 2 folds,
   30 epochs and 8 hidden units; the chosen rates land in results.json and Table 3 gets its CV rows."""
   workdir = tmp_path / 'uci'
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main',
-       '--config=experiments/configs/uci_regression.py:smoke', f'--workdir={workdir}',
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/uci_regression.py:smoke', f'--workdir={workdir}',
        f'--config.data_dir={DATA_DIR}', '--config.lr_selection=cv', '--config.lr_grid=0.01,0.1',
        '--config.cv_folds=2', '--config.methods=gmp', '--config.num_epochs=30',
-       '--config.hidden=8'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+       '--config.hidden=8'])
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((workdir / 'results.json').read_text())
   cv = summary['cv']

@@ -3,8 +3,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -84,11 +82,9 @@ def test_bad_settings_are_refused_before_any_work(tmp_path, field, value, messag
 
 def test_cli(tmp_path):
   """The module still runs as a script (the config file's command through experiments.main)."""
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main', '--config=experiments/configs/perturbation_2d.py',
-       f'--workdir={tmp_path}',
-       '--config.num_draws=20', '--config.plots=False'], cwd=ROOT, capture_output=True,
-      text=True, timeout=120)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/perturbation_2d.py', f'--workdir={tmp_path}',
+       '--config.num_draws=20', '--config.plots=False'])
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'paper claim' in proc.stdout
   assert (tmp_path / 'results.json').exists() and not (tmp_path / 'perturbation.png').exists()
