@@ -10,7 +10,6 @@ import pytest
 
 import geoparam
 from geoparam import convert
-from geoparam import hyperspherical as hs
 from tests.conftest import ref_directions
 
 

@@ -4,8 +4,6 @@ Each kind gets the wrappers, both whole-model transforms, exact conversion of a
 trained model and bake back, checked against float64 numpy references.
 """
 
-from typing import NamedTuple
-
 import flax.linen as nn
 from flax import nnx
 import jax
