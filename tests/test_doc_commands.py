@@ -5,22 +5,22 @@ inline; a `for` loop's variables take their first value; placeholders other than
 `DIR` skip it) must pass every check of its config, data and workdir: each runs as the command
 line runs it (`experiments.main`'s absl entry point, with `--dry_run`) and `GEOPARAM_DATA_DIR`
 unset (as in a fresh shell: a command that needs data must say where it is), and so does its
-`:smoke` variant where the config has one. One process imports the studies once and forks a
-child per command, so the ~35 commands take seconds, not a process start each. The studies'
+`:smoke` variant where the config has one. One helper process per test worker
+(`tests/cli_fork.py`, shared with the other command-line tests) imports the studies once and
+forks a child per command, so the ~35 commands take seconds, not a process start each. The studies'
 smoke runs themselves are run by their own tests (test_levy_1d.py, test_banana_2d.py,
 test_uci_regression.py, test_robustness.py, test_vision_studies.py, ...).
 """
 
 import glob
 import importlib
-import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
+
+from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ['README.md'] + sorted(
@@ -101,68 +101,20 @@ def test_loops_take_their_first_values():
       'experiments.main --config=x.py:method=sp --out=a_sp']
 
 
-# Imports every study once, then runs each command's argv in a forked child through
-# `experiments.main.cli()` (absl parses the flags afresh in each child); prints a JSON list of
-# {'rc', 'output'}.
-DRIVER = r"""
-import importlib, json, os, pkgutil, sys, traceback
-from experiments import main
-import experiments.studies
-for m in pkgutil.iter_modules(experiments.studies.__path__):
-  importlib.import_module(f'experiments.studies.{m.name}')
-importlib.import_module('experiments.vision.train')
-results = []
-for argv in json.loads(sys.stdin.read()):
-  r, w = os.pipe()
-  pid = os.fork()
-  if pid == 0:
-    os.close(r)
-    os.dup2(w, 1)
-    os.dup2(w, 2)
-    sys.argv = ['experiments.main', *argv]
-    code = 1
-    try:
-      main.cli()
-      code = 0
-    except SystemExit as e:
-      code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-      traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-  os.close(w)
-  chunks = []
-  while True:
-    chunk = os.read(r, 1 << 16)
-    if not chunk:
-      break
-    chunks.append(chunk)
-  os.close(r)
-  _, status = os.waitpid(pid, 0)
-  results.append({'rc': os.waitstatus_to_exitcode(status),
-                  'output': b''.join(chunks).decode(errors='replace')})
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope='module')
 def dry_runs(tmp_path_factory):
-  """command -> (exit status, output, workdir) of its dry run."""
-  commands = sorted(COMMANDS)
-  workdirs = [tmp_path_factory.mktemp('doc_command') / 'w' for _ in commands]
-  argvs = []
-  for command, workdir in zip(commands, workdirs):
+  """command -> (exit status, output, workdir) of its dry run, without $GEOPARAM_DATA_DIR:
+  `python -m experiments.main` in a forked child of the worker's helper (tests/cli_fork.py)."""
+  results = {}
+  for command in sorted(COMMANDS):
+    workdir = tmp_path_factory.mktemp('doc_command') / 'w'
     args = shlex.split(command)[1:]  # (after experiments.main)
     assert '--workdir=DIR' in args, command
     args = [f'--workdir={workdir}' if a == '--workdir=DIR' else a for a in args]
-    argvs.append(args if '--dry_run' in args else args + ['--dry_run'])
-  env = {k: v for k, v in os.environ.items() if k != 'GEOPARAM_DATA_DIR'}
-  proc = subprocess.run([sys.executable, '-c', DRIVER], input=json.dumps(argvs), cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  results = json.loads(proc.stdout.strip().splitlines()[-1])
-  return {c: (r['rc'], r['output'], w) for c, r, w in zip(commands, results, workdirs)}
+    proc = cli_fork.run_main(args if '--dry_run' in args else args + ['--dry_run'],
+                             env={'GEOPARAM_DATA_DIR': None})
+    results[command] = (proc.returncode, proc.stdout + proc.stderr, workdir)
+  return results
 
 
 @pytest.mark.parametrize('command', sorted(COMMANDS), ids=lambda c: c[len('experiments.main '):])
@@ -172,13 +124,9 @@ def test_command_passes_its_checks(command, dry_runs):
   assert not workdir.exists()
 
 
-def test_a_command_without_its_data_fails(dry_runs):
+def test_a_command_without_its_data_fails():
   """The check can fail: the Banana study needs --config.data_dir when GEOPARAM_DATA_DIR is unset."""
-  del dry_runs  # (the same driver)
-  env = {k: v for k, v in os.environ.items() if k != 'GEOPARAM_DATA_DIR'}
-  argv = ['--config=experiments/configs/banana_2d.py:smoke', '--workdir=/nonexistent/w',
-          '--dry_run']
-  proc = subprocess.run([sys.executable, '-c', DRIVER], input=json.dumps([argv]), cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-  (result,) = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert result['rc'] == 2 and 'banana.csv not found' in result['output'], result
+  proc = cli_fork.run_main(['--config=experiments/configs/banana_2d.py:smoke',
+                            '--workdir=/nonexistent/w', '--dry_run'],
+                           env={'GEOPARAM_DATA_DIR': None})
+  assert proc.returncode == 2 and 'banana.csv not found' in proc.stdout + proc.stderr, proc.stderr
