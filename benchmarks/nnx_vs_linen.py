@@ -131,17 +131,24 @@ def measure(width: int, batch: int, depth: int, repeats: int) -> dict:
   }
 
 
-def main(argv):
-  del argv
-  width, batch = (16, 8) if FLAGS.tiny else (FLAGS.width, FLAGS.batch)
-  row = measure(width, batch, FLAGS.depth, 3 if FLAGS.tiny else FLAGS.repeats)
+def run(width: int = 1024, batch: int = 256, depth: int = 2, repeats: int = 30,
+        tiny: bool = False, out: str | None = None) -> dict:
+  """`measure`s (tiny: width 16, batch 8, 3 repeats), prints the row and writes it to `out`."""
+  width, batch = (16, 8) if tiny else (width, batch)
+  row = measure(width, batch, depth, 3 if tiny else repeats)
   print(f"GmP+IMN MLP {row['depth']}x{row['width']}, batch {row['batch']}, {row['device']}: "
         f"linen {row['linen_ms']:.2f} ms, nnx.jit {row['nnx_jit_ms']:.2f} ms "
         f"(ratio {row['nnx_jit_ratio']:.2f}), split/merge + jax.jit {row['nnx_split_ms']:.2f} ms "
         f"(ratio {row['nnx_split_ratio']:.2f})")
-  if FLAGS.out:
-    with open(FLAGS.out, 'w') as f:
+  if out:
+    with open(out, 'w') as f:
       json.dump(row, f, indent=1)
+  return row
+
+
+def main(argv):
+  del argv
+  run(FLAGS.width, FLAGS.batch, FLAGS.depth, FLAGS.repeats, FLAGS.tiny, FLAGS.out)
 
 
 if __name__ == '__main__':
