@@ -1,4 +1,4 @@
-r"""Train-step images/s of ResNet-50 and VGG-6 under GmP+IMN against BN, measured in the same run.
+r"""Train-step images/s of ResNet-50 and VGG-6: plain, BN, GmP and GmP+IMN timed in the same run.
 
   python -m benchmarks.vision_throughput [--models=resnet50,vgg6] [--repeats=20] \
       [--parameterizations=bn,gmp_imn] [--batch=0] [--image=0] \
