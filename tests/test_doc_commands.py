@@ -23,6 +23,7 @@ import pytest
 from tests import cli_fork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_DATA_DIR = {'GEOPARAM_DATA_DIR': None}  # cli_fork's child runs as a fresh shell without it
 PAGES = ['README.md'] + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'docs', '*.md')))
 
@@ -112,7 +113,7 @@ def dry_runs(tmp_path_factory):
     assert '--workdir=DIR' in args, command
     args = [f'--workdir={workdir}' if a == '--workdir=DIR' else a for a in args]
     proc = cli_fork.run_main(args if '--dry_run' in args else args + ['--dry_run'],
-                             env={'GEOPARAM_DATA_DIR': None})
+                             env=NO_DATA_DIR)
     results[command] = (proc.returncode, proc.stdout + proc.stderr, workdir)
   return results
 
@@ -128,5 +129,5 @@ def test_a_command_without_its_data_fails():
   """The check can fail: the Banana study needs --config.data_dir when GEOPARAM_DATA_DIR is unset."""
   proc = cli_fork.run_main(['--config=experiments/configs/banana_2d.py:smoke',
                             '--workdir=/nonexistent/w', '--dry_run'],
-                           env={'GEOPARAM_DATA_DIR': None})
+                           env=NO_DATA_DIR)
   assert proc.returncode == 2 and 'banana.csv not found' in proc.stdout + proc.stderr, proc.stderr
