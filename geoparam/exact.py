@@ -27,15 +27,8 @@ __all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'identity_batchnorm', '
 
 
 def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
-  """`kinds.of(layer).layout(layer, inputs_shape)`, its errors naming the layer."""
-  kind = kinds.of(layer)
-  if kind is None or kind.refused:
-    raise TypeError(f'layer {_name(path)}: a {type(layer).__name__} is not a layer kind geoparam '
-                    'knows (geoparam.kinds.register adds one).')
-  try:
-    return kind.layout(layer, tuple(inputs_shape))
-  except ValueError as e:
-    raise ValueError(f'{type(layer).__name__} at {_name(path)}: {e}') from None
+  """`kinds.layout_of`, its errors naming the layer at `path`."""
+  return kinds.layout_of(layer, inputs_shape, f'{type(layer).__name__} at {_name(path)}')
 
 
 def bn_affine(mean, var, epsilon: float, scale=None, bias=None):

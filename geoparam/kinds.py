@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ['Layout', 'Kind', 'register', 'of', 'REGISTRY', 'DENSE', 'CONV', 'GENERAL', 'EINSUM',
+__all__ = ['Layout', 'Kind', 'Shell', 'register', 'of', 'kind_of', 'layout_of', 'REGISTRY', 'DENSE', 'CONV', 'GENERAL', 'EINSUM',
            'CONV_TRANSPOSE', 'einsum_layout', 'conv_kernel_shape', 'features_of', 'ints',
            'check_units']
 
@@ -146,6 +146,41 @@ def of(layer) -> Kind | None:
     if cls in REGISTRY:
       return REGISTRY[cls]
   return None
+
+
+class Shell(NamedTuple):
+  """What a framework's layers are, for messages: `base` their class, `prefix` their module's
+  short name (`'nnx.'`), `label` (`'an NNX layer'`) and `other`: where the other one's go."""
+  base: type
+  prefix: str
+  label: str
+  other: str
+
+
+def kind_of(layer, name: str, shell: Shell | None = None) -> Kind:
+  """`of(layer)`; a TypeError naming `name` for a layer of no (or a refused) kind, or not of
+  `shell`'s framework."""
+  if shell is not None and not isinstance(layer, shell.base):
+    raise TypeError(f'{name}: takes {shell.label}, got a {type(layer).__module__}.'
+                    f'{type(layer).__name__} ({shell.other}).')
+  kind = of(layer)
+  if kind is None or kind.refused:
+    base = object if shell is None else shell.base
+    accepted = [(shell.prefix if shell and c.__module__.startswith('flax') else '') + c.__name__
+                for c, k in REGISTRY.items() if not k.refused and issubclass(c, base)]
+    why = f' ({kind.refused})' if kind is not None else ''
+    raise TypeError(f'{name} cannot be reparameterized{why}: accepted layer types are '
+                    f'{", ".join(accepted)} (geoparam.kinds.register adds one).')
+  return kind
+
+
+def layout_of(layer, inputs_shape, name: str, shell: Shell | None = None) -> Layout:
+  """`kind_of(layer, ...).layout(layer, inputs_shape)`, its errors naming `name`."""
+  kind = kind_of(layer, name, shell)
+  try:
+    return kind.layout(layer, tuple(inputs_shape))
+  except ValueError as e:
+    raise ValueError(f'{name}: {e}') from None
 
 
 # ----------------------------------------------------------------------------- fields

@@ -82,26 +82,13 @@ def _describe(holder: nn.Module, layer: nn.Module | None = None) -> str:
   return name + (f' at {where!r}' if where else '')
 
 
-def _kind(layer, name) -> kinds.Kind:
-  if not isinstance(layer, nn.Module):
-    raise TypeError(f'{name}: takes a flax.linen layer, got a {type(layer).__module__}.'
-                    f'{type(layer).__name__} (an NNX layer takes geoparam.nnx.Reparam).')
-  kind = kinds.of(layer)
-  if kind is None or kind.refused:
-    accepted = [c.__name__ for c, k in kinds.REGISTRY.items()
-                if not k.refused and issubclass(c, nn.Module)]
-    why = f' ({kind.refused})' if kind is not None else ''
-    raise TypeError(f'{name} cannot be reparameterized{why}: accepted layer types are '
-                    f'{", ".join(accepted)} (geoparam.kinds.register adds one).')
-  return kind
+SHELL = kinds.Shell(nn.Module, 'nn.', 'a flax.linen layer',
+                    'an NNX layer takes geoparam.nnx.Reparam')
 
 
 def layout_of(layer, inputs_shape, name) -> kinds.Layout:
-  kind = _kind(layer, name)
-  try:
-    return kind.layout(layer, tuple(inputs_shape))
-  except ValueError as e:
-    raise ValueError(f'{name}: {e}') from None
+  """`kinds.layout_of` of a linen layer."""
+  return kinds.layout_of(layer, inputs_shape, name, SHELL)
 
 
 def plain(layer: nn.Module) -> nn.Module:
@@ -406,7 +393,6 @@ class _Wrapper(nn.Module):
 
     `use_running_average`: IMN's switch, as `nn.BatchNorm` (methods with IMN only).
     """
-    _kind(self.layer, f'{type(self).__name__} of a {type(self.layer).__name__}')
     return call(self, self.get_method(), self.layer, inputs, use_running_average,
                 getattr(self, 'use_running_average', None))
 

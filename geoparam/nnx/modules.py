@@ -60,6 +60,7 @@ __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLin
            'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'layer_ops',
            'layout_of', 'converted']
 
+SHELL = kinds.Shell(nnx.Module, 'nnx.', 'an NNX layer', 'a linen layer takes geoparam.Reparam')
 kinds.register(kinds.DENSE, nnx.Linear)
 kinds.register(kinds.CONV, nnx.Conv)
 kinds.register(kinds.GENERAL, nnx.LinearGeneral)
@@ -122,19 +123,11 @@ def layout_of(layer, path=()) -> kinds.Layout:
   """The `kinds.Layout` of an NNX layer (from its fields); raises, naming `path`, for layers that
   cannot be reparameterized."""
   name = _path_name(path)
-  if not isinstance(layer, nnx.Module):
-    raise TypeError(f'{name}: takes an NNX layer, got a {type(layer).__module__}.'
-                    f'{type(layer).__name__} (a linen layer takes geoparam.Reparam).')
-  kind = kinds.of(layer)
-  if kind is None or kind.refused:
-    accepted = [f'nnx.{c.__name__}' if c.__module__.startswith('flax') else c.__name__
-                for c, k in kinds.REGISTRY.items() if not k.refused and issubclass(c, nnx.Module)]
-    raise TypeError(f'{name} cannot be reparameterized: accepted layer types are '
-                    f'{", ".join(accepted)} (geoparam.kinds.register adds one).')
+  kind = kinds.kind_of(layer, name, SHELL)
   if getattr(layer, 'preferred_element_type', None) is not None:
     raise ValueError(f'{name}: preferred_element_type is not supported (got '
                      f'{layer.preferred_element_type!r}); leave it None.')
-  return exact.layout_of(layer, kind.example_shape(layer), path)
+  return kinds.layout_of(layer, kind.example_shape(layer), name)
 
 
 def _weights(layer):
