@@ -17,7 +17,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from geoparam import methods
 from geoparam import wrappers
 from geoparam.methods.cwn import centered_weight_norm
 from geoparam.methods.wn import weight_norm
@@ -27,7 +26,15 @@ __all__ = ['weight_norm', 'centered_weight_norm', 'CWNDense', 'CWNConv', 'Standa
 Array = jax.Array
 
 
-class CWNDense(nn.Dense):
+class _CWN(wrappers.PaperForm):
+  """CWN's fields, mixed into `nn.Dense`/`nn.Conv`."""
+
+  scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
+  epsilon: float = 1e-12
+  _METHOD, _OPTIONS = 'cwn', ('scale_init', 'epsilon')
+
+
+class CWNDense(_CWN, nn.Dense):
   """Dense layer with centered weight normalization: `nn.Dense`'s fields, plus CWN's.
 
   Example usage::
@@ -42,32 +49,10 @@ class CWNDense(nn.Dense):
   (added to the squared norm before the square root).
   """
 
-  scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
-  epsilon: float = 1e-12
-  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
 
-  def get_method(self) -> methods.Method:
-    return methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
-
-  @nn.compact
-  def __call__(self, inputs: Array) -> Array:
-    """`(..., fan_in) -> (..., features)`."""
-    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
-
-
-class CWNConv(nn.Conv):
+class CWNConv(_CWN, nn.Conv):
   """Convolution with centered weight normalization (per output channel): `nn.Conv`'s fields and
   semantics, plus CWN's `scale_init` and `epsilon`."""
-
-  scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
-  epsilon: float = 1e-12
-  reparameterized = True
-  get_method = CWNDense.get_method
-
-  @nn.compact
-  def __call__(self, inputs: Array) -> Array:
-    """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
 
 
 class StandardizationLayer(nn.Module):

@@ -14,9 +14,7 @@ draw minus its per-unit mean.
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 
-from geoparam import methods
 from geoparam import wrappers
 from geoparam.methods.lcw import kernel_from_v
 from geoparam.methods.lcw import v_from_kernel
@@ -24,8 +22,7 @@ from geoparam.methods.lcw import v_from_kernel
 __all__ = ['LCWDense', 'LCWConv', 'kernel_from_v', 'v_from_kernel']
 
 
-
-class LCWDense(nn.Dense):
+class LCWDense(wrappers.PaperForm, nn.Dense):
   """A Dense layer with linearly constrained (zero-sum) weights: `nn.Dense`'s fields and semantics.
 
   Example usage::
@@ -41,18 +38,10 @@ class LCWDense(nn.Dense):
   `(fan_in, features)` and `v` is the coordinates of its zero-sum part.
   """
 
-  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
-
-  def get_method(self) -> methods.Method:
-    return methods.get('lcw')
-
-  @nn.compact
-  def __call__(self, inputs: jax.Array) -> jax.Array:
-    """Applies `inputs @ B v + bias` along the last axis: `(..., fan_in) -> (..., features)`."""
-    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
+  _METHOD = 'lcw'
 
 
-class LCWConv(nn.Conv):
+class LCWConv(wrappers.PaperForm, nn.Conv):
   """A convolution (any number of spatial dims) with zero-sum kernels per output channel.
 
   Same fields and semantics as `nn.Conv` (channels-last inputs
@@ -72,10 +61,4 @@ class LCWConv(nn.Conv):
     {'bias': (8,), 'v': (17, 8)}
   """
 
-  reparameterized = True
-  get_method = LCWDense.get_method
-
-  @nn.compact
-  def __call__(self, inputs: jax.Array) -> jax.Array:
-    """Convolves `(*batch, *spatial, in_features)` into `(*batch, *spatial', features)`."""
-    return wrappers.call(self, self.get_method(), wrappers.plain(self), inputs)
+  _METHOD = 'lcw'

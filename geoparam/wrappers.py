@@ -56,7 +56,7 @@ from geoparam.methods import run
 from geoparam.methods.gmp import check_imn_switch
 from geoparam.linen.layers import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'call', 'add_bias', 'layer_ops', 'run_layer',
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'call', 'add_bias', 'layer_ops', 'run_layer',
            'plain', 'tap_mask', 'imn_bias']
 
 Initializer = Callable[..., jax.Array]
@@ -395,6 +395,23 @@ class _Wrapper(nn.Module):
     """
     return call(self, self.get_method(), self.layer, inputs, use_running_average,
                 getattr(self, 'use_running_average', None))
+
+
+class PaperForm(nn.Module):
+  """Mixed in before a Flax layer class (`class LCWDense(PaperForm, nn.Dense)`): that layer's fields
+  and semantics, computing with the kernel and bias of the method `_METHOD` (its options
+  `_OPTIONS` read off the fields)."""
+
+  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
+  _METHOD, _OPTIONS = '', ()  # class attributes, not fields
+
+  def get_method(self) -> methods.Method:
+    return methods.get(self._METHOD, **{o: getattr(self, o) for o in self._OPTIONS})
+
+  @nn.compact
+  def __call__(self, inputs):
+    """The layer's output on `inputs` with its reparameterized kernel and bias."""
+    return call(self, self.get_method(), plain(self), inputs)
 
 
 class Reparam(_Wrapper):
