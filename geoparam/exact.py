@@ -22,7 +22,7 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bias_free_error', 'bn_affine', 'check_fold', 'identity_batchnorm', 'stack_of',
+__all__ = ['bias_free_error', 'bn_affine', 'fed_layer', 'identity_batchnorm', 'stack_of',
            'layout_of', 'imn_width', 'convert_layer', 'plain_layer']
 
 
@@ -78,10 +78,22 @@ def _traced(value) -> bool:
   return any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(value))
 
 
-def check_fold(layout: kinds.Layout, bn_axis, bn_features, ndim: int, path, bn_path) -> None:
-  """Raises unless a dropped BatchNorm (normalizing `bn_axis` of its `ndim`-rank input, with
-  `bn_features` statistics) can be folded into the layer before it: one unit axis, the last
-  of the layer's output, of the BatchNorm's size."""
+def fed_layer(bn_path, bn_input, outputs, layout_of, bn_axis, bn_features) -> tuple:
+  """The path of the layer whose output is a dropped BatchNorm's input, checked to fold into it.
+
+  `bn_input`: the BatchNorm's input (its `bn_axis` normalized, `bn_features` statistics);
+  `outputs`: `{layer path: output}` of the selected layers; `layout_of(path)`: a layer's
+  `kinds.Layout`. Raises unless one layer feeds it, with one unit axis, the last of its output,
+  of the BatchNorm's size.
+  """
+  producer = [p for p, y in outputs.items() if y is bn_input]
+  if not producer:
+    raise ValueError(
+        f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
+        'reparameterized layer, so it cannot be folded (keep it with drop_batchnorm=False, or '
+        'exclude it through `where`/`exclude`).')
+  path, ndim = producer[0], jnp.ndim(bn_input)
+  layout = layout_of(path)
   axes = tuple(a % ndim for a in kinds.ints(bn_axis))
   if len(layout.units) > 1:
     raise ValueError(
@@ -94,6 +106,7 @@ def check_fold(layout: kinds.Layout, bn_axis, bn_features, ndim: int, path, bn_p
         f'of its input, not the {layout.units[0]} features (last axis) of the layer '
         f'{_name(path)} before it, so it cannot be folded into that layer: keep it with '
         'drop_batchnorm=False, or exclude it.')
+  return path
 
 
 def stack_of(kernel_shape, layout: kinds.Layout, path=()) -> tuple[int, ...]:

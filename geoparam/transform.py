@@ -395,23 +395,14 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
 
 def _dropped(rp, layers, norms):
   """`{layer path: BatchNorm path}` for each dropped BatchNorm, fed by that layer's output."""
+  outputs = {p: c.output for p, c in layers.items()}
+  layout_of = lambda p: exact.layout_of(layers[p].layer, jnp.shape(layers[p].inputs), p)
   pairs = {}
   for bn_path, call in norms.items():
-    if not (rp.drop_batchnorm and selected(rp, call.layer, bn_path)):
-      continue
-    producer = [p for p, c in layers.items() if c.output is call.inputs]
-    if not producer:
-      raise ValueError(
-          f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
-          'reparameterized Dense/Conv layer, so it cannot be folded (keep it with '
-          'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
-    layer = layers[producer[0]]
-    x = call.inputs
-    axes = kinds.ints(call.layer.axis)
-    exact.check_fold(exact.layout_of(layer.layer, jnp.shape(layer.inputs), producer[0]),
-                     call.layer.axis, tuple(jnp.shape(x)[a] for a in axes), jnp.ndim(x),
-                     producer[0], bn_path)
-    pairs[producer[0]] = bn_path
+    if rp.drop_batchnorm and selected(rp, call.layer, bn_path):
+      x, axis = call.inputs, call.layer.axis
+      pairs[exact.fed_layer(bn_path, x, outputs, layout_of, axis, tuple(
+          jnp.shape(x)[a] for a in kinds.ints(axis)))] = bn_path
   return pairs
 
 

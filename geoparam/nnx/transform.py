@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from flax import nnx
-import jax.numpy as jnp
 
 from geoparam import exact
 from geoparam import kinds
@@ -218,19 +217,13 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
       raise ValueError(f'BatchNorm {_name(bn_path)} did not run on the example batch, so the '
                        'layer that feeds it is unknown and it cannot be dropped (exclude it, or '
                        'give an example that runs it).')
-    producer = [p for p in layers if p in calls and calls[p][1] is calls[bn_path][0]]
-    if not producer:
-      raise ValueError(
-          f'BatchNorm {_name(bn_path)} is dropped but its input is not the output of a '
-          'reparameterized Linear/Conv layer, so it cannot be folded (keep it with '
-          'drop_batchnorm=False, or exclude it through `where`/`exclude`).')
-    x = calls[bn_path][0]
-    exact.check_fold(modules.layout_of(layers[producer[0]], producer[0]), bn.axis,
-                     (bn.num_features,), jnp.ndim(x), producer[0], bn_path)
-    folds[producer[0]] = exact.bn_affine(
+    outputs = {p: calls[p][1] for p in layers if p in calls}
+    producer = exact.fed_layer(bn_path, calls[bn_path][0], outputs, lambda p: modules.layout_of(
+        layers[p], p), bn.axis, (bn.num_features,))
+    folds[producer] = exact.bn_affine(
         bn.mean[...], bn.var[...], bn.epsilon, bn.scale[...] if bn.use_scale else None,
         bn.bias[...] if bn.use_bias else None)
-    dropped[bn_path] = producer[0]
+    dropped[bn_path] = producer
   converted = {p: modules.converted(n, method, calls.get(p, (None,))[0], p, folds.get(p),
                                     use_running_average=use_running_average)
                for p, n in layers.items()}  # inputs None: a layer that did not run
