@@ -5,7 +5,10 @@ r"""Train-step images/s of ResNet-50 and VGG-6: plain, BN, GmP and GmP+IMN timed
       [--dtype=float32|bfloat16] [--out=FILE.json] [--tiny]
 
 For each model, each parameterization (`sp`: plain, no normalization; `bn`; `gmp`;
-`gmp_imn`) is built and compiled, then their train steps (forward, backward,
+`gmp_imn`, the paper form `scale * relu(conv(x; u) + lam)` of the studies' models;
+`gmp_imn_transform`: `geoparam.reparameterize(bn_model, 'gmp_imn', drop_batchnorm=True)`,
+whose convs compute with `scale * u` and `scale * lam`, the same function while every scale is
+positive) is built and compiled, then their train steps (forward, backward,
 SGD-momentum update, `batch_stats` update; jitted, donated, after two warm-up
 steps) are timed in alternation, `repeats` times each, so drift of a shared
 machine hits all alike. Reported: median images/s of each; the ratio GmP+IMN / BN
@@ -33,12 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import geoparam
 from experiments.vision import models as vision_models
 
 FLAGS = flags.FLAGS
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 MODELS = ('resnet50', 'vgg6')
-PARAMETERIZATIONS = ('sp', 'bn', 'gmp', 'gmp_imn')
+PARAMETERIZATIONS = ('sp', 'bn', 'gmp', 'gmp_imn', 'gmp_imn_transform')
 DEFAULT_PARAMETERIZATIONS = ('bn', 'gmp_imn')
 
 
@@ -57,6 +61,9 @@ def define_flags():
 
 def build(name: str, parameterization: str, tiny: bool, dtype=jnp.float32, image: int = 0):
   """(model, image shape) of a benchmark model in computation dtype `dtype`."""
+  if parameterization == 'gmp_imn_transform':  # the BN model, reparameterized as a whole
+    model, shape = build(name, 'bn', tiny, dtype, image)
+    return geoparam.reparameterize(model, 'gmp_imn', drop_batchnorm=True, exclude=['out']), shape
   if name == 'resnet50':
     if tiny:
       return (vision_models.ResNet(num_classes=10, stage_sizes=(1,), width=1 / 16,

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ['Layout', 'Kind', 'Shell', 'register', 'of', 'kind_of', 'layout_of', 'REGISTRY', 'DENSE', 'CONV', 'GENERAL', 'EINSUM',
-           'CONV_TRANSPOSE', 'einsum_layout', 'conv_kernel_shape', 'features_of', 'ints',
-           'check_units']
+__all__ = ['Layout', 'Kind', 'Shell', 'register', 'of', 'kind_of', 'layout_of', 'REGISTRY',
+           'DENSE', 'CONV', 'GENERAL', 'EINSUM', 'CONV_TRANSPOSE', 'einsum_layout',
+           'conv_kernel_shape', 'features_of', 'ints', 'check_units']
 
 Shape = tuple[int, ...]
 

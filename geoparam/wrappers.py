@@ -56,8 +56,8 @@ from geoparam.methods import run
 from geoparam.methods.gmp import check_imn_switch
 from geoparam.linen.layers import InputMeanNorm
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'call', 'add_bias', 'layer_ops', 'run_layer',
-           'plain', 'tap_mask', 'imn_bias']
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'call', 'add_bias', 'layer_ops',
+           'run_layer', 'plain', 'tap_mask', 'imn_bias']
 
 Initializer = Callable[..., jax.Array]
 

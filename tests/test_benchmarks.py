@@ -38,16 +38,17 @@ def test_vision_throughput_runs_on_a_tiny_model_in_bfloat16(tmp_path):
   from benchmarks import vision_throughput
   out = tmp_path / 'vgg6.json'
   (row,) = vision_throughput.run(['vgg6'], tiny=True, repeats=1, out=str(out), dtype='bfloat16',
-                                 image=12, parameterizations=('sp', 'gmp_imn'))
+                                 image=12, parameterizations=('sp', 'gmp_imn', 'gmp_imn_transform'))
   assert row['dtype'] == 'bfloat16' and row['image'] == [12, 12, 3]
-  assert row['sp_images_per_s'] > 0 and row['gmp_imn_images_per_s'] > 0
-  assert row['sp_compile_s'] > 0 and row['gmp_imn_compile_s'] > 0
+  timed = ('sp', 'gmp_imn', 'gmp_imn_transform')
+  assert all(row[f'{p}_images_per_s'] > 0 and row[f'{p}_compile_s'] > 0 for p in timed)
   # Each timed parameterization against plain (sp) and BN, where timed; with one round the
   # ratio of the per-round times is the ratio of the medians.
-  assert {k for k in row if '_vs_' in k} == {'gmp_imn_vs_sp', 'gmp_imn_vs_sp_compile'}
-  assert row['gmp_imn_vs_sp'] == pytest.approx(row['sp_ms'] / row['gmp_imn_ms'])
-  assert row['gmp_imn_vs_sp_compile'] == pytest.approx(
-      row['gmp_imn_compile_s'] / row['sp_compile_s'])
+  assert {k for k in row if '_vs_' in k} == {f'{p}_vs_sp{c}' for p in timed[1:]
+                                             for c in ('', '_compile')}
+  for p in timed[1:]:
+    assert row[f'{p}_vs_sp'] == pytest.approx(row['sp_ms'] / row[f'{p}_ms'])
+    assert row[f'{p}_vs_sp_compile'] == pytest.approx(row[f'{p}_compile_s'] / row['sp_compile_s'])
   assert 'bn_ms' not in row and 'ratio' not in row  # GmP+IMN / BN only when BN is timed
   assert json.loads(out.read_text())['dtype'] == 'bfloat16'
   with pytest.raises(ValueError, match='accepted: float32, bfloat16'):
