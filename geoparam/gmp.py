@@ -28,7 +28,6 @@ from flax.core import meta
 import jax
 
 from geoparam import initializers
-from geoparam import selection
 from geoparam import wrappers
 from geoparam.methods.gmp import gmp_kernel
 from geoparam.methods.gmp import paper_method
@@ -66,10 +65,6 @@ class _PaperGmP(nn.Module):
     if isinstance(getattr(self, 'kernel_size', ()), int):  # one spatial dim, or a 3x3 meant?
       raise ValueError(f'{name}: kernel_size must be a tuple of positive ints, one per spatial '
                        f'dim, got {self.kernel_size!r}.')
-    selection.check_flag('glorot_scale', self.glorot_scale, name)
-    if self.activation is not None and not callable(self.activation):
-      raise TypeError(f'{name}: activation must be a function (e.g. nn.relu) or None for '
-                      f'linear, got {self.activation!r}.')
     layout = wrappers.layout_of(layer, jax.numpy.shape(inputs), name)
     method = paper_method(self, math.prod(layout.method_shape[:-1]), name)
     y = wrappers.call(self, method, layer, inputs, use_running_average, self.use_running_average)

@@ -325,10 +325,14 @@ def paper_method(fields, fan_in: int, name: str = 'GmP') -> base.Method:
   """The `gmp` method of a paper-form layer: its initializers (and IMN), computing `(u, lam)`.
 
   `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
-  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`; `name` names it
-  in errors.
+  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`, `activation`
+  (checked here); `name` names it in errors.
   """
   check_imn_switch(name, fields.input_mean_norm, fields.momentum)
+  selection.check_flag('glorot_scale', fields.glorot_scale, name)
+  if fields.activation is not None and not callable(fields.activation):
+    raise TypeError(f'{name}: activation must be a function (e.g. relu) or None for linear, got '
+                    f'{fields.activation!r}.')
   scale_init = fields.scale_init
   if scale_init is None:
     scale_init = initializers.glorot_norm(fan_in, fields.features) if fields.glorot_scale else (

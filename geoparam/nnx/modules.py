@@ -516,17 +516,13 @@ class _GmPPaper(Reparam):
                scale_init=None, glorot_scale: bool = False, **fields):
     name = type(self).__name__
     _check_positive(name, in_features=in_features, out_features=out_features)
-    if activation is not None and not callable(activation):
-      raise TypeError(f'{name}: activation must be a function (e.g. nnx.relu) or None for '
-                      f'linear, got {activation!r}.')
-    selection.check_flag('glorot_scale', glorot_scale, name)
     # lam: the paper's unit has a bias; the kernel is not read (the method draws u)
     layer = self._LAYER(in_features, out_features, *args, use_bias=True,
                         kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0), **fields)
     paper = types.SimpleNamespace(
         features=out_features, input_mean_norm=input_mean_norm, momentum=momentum,
         axis_name=axis_name, theta_init=theta_init, lam_init=lam_init, scale_init=scale_init,
-        glorot_scale=glorot_scale)
+        glorot_scale=glorot_scale, activation=activation)
     method = paper_method(paper, math.prod(layer.kernel.shape[:-1]), name)
     super().__init__(layer, method, rngs=rngs, use_running_average=use_running_average)
     self.activation, self.dtype = activation, layer.dtype
