@@ -41,7 +41,6 @@ __all__ = [
     'variance_analysis',
     'activation_variance_factors',
     'activation_shift',
-    'plot_variance_analysis',
 ]
 
 
@@ -310,26 +309,3 @@ def activation_variance_factors(
   phi_fw = (np.sum(w * fz**2) - mean**2) / sigma**2
   phi_bw = np.sum(w * dfz**2)
   return float(phi_fw), float(phi_bw)
-
-
-def plot_variance_analysis(results: Mapping[str, list[LayerStats]], path: str) -> None:
-  """Writes a PNG: per-layer pre-activation variance and gradient variance (log scale).
-
-  Args:
-    results: label (e.g. 'plain', 'LCW') -> the output of `variance_analysis`.
-    path: the PNG file to write.
-  """
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-  for label, stats in results.items():
-    layers = np.arange(1, len(stats) + 1)
-    axes[0].plot(layers, [s.var for s in stats], marker='o', label=label)
-    axes[1].plot(layers, [s.grad_var for s in stats], marker='o', label=label)
-  axes[0].set(title='pre-activation variance (forward)', xlabel='layer', yscale='log')
-  axes[1].set(title='gradient variance dL/dz (backward)', xlabel='layer', yscale='log')
-  for ax in axes:
-    ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from experiments.lib import plotting
 from geoparam import methods
 from geoparam import variance
 from geoparam.baselines import CWNDense
@@ -131,7 +132,7 @@ def test_fig4_vanishing_gradient_without_lcw_preserved_with_lcw(tmp_path):
   assert max(s.shift for s in results['LCW']) < 0.5
   assert max(s.shift for s in results['plain'][5:]) > 10
   png = tmp_path / 'fig4.png'
-  variance.plot_variance_analysis(results, str(png))
+  plotting.plot_variance_analysis(results, str(png))
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 
 def save(fig, workdir: str, name: str, *, title: str | None = None, fontsize: float = 10,
          rect=None, dpi: int = 120) -> str:
@@ -40,7 +42,6 @@ def log2_floor(values, floor: float = -30.0, limit: float = -60.0) -> float:
   >>> log2_floor([1.0, 2.0 ** -10]), log2_floor([1.0, 2.0 ** -44.5]), log2_floor([0.0, 1e-300])
   (-30.0, -46.0, -60.0)
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   values = np.asarray(values, np.float64)
   positive = values[np.isfinite(values) & (values > 0)]
@@ -59,3 +60,27 @@ def square(ax, lim: float) -> None:
   ax.set_xlim(-lim, lim)
   ax.set_ylim(-lim, lim)
   ax.set_aspect('equal')
+
+
+def plot_variance_analysis(results, path: str) -> None:
+  """Writes a PNG: per-layer pre-activation variance and gradient variance (log scale).
+
+  Args:
+    results: label (e.g. 'plain', 'LCW') -> the output of `geoparam.variance.variance_analysis`
+      (a list of its `LayerStats`).
+    path: the PNG file to write.
+  """
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for label, stats in results.items():
+    layers = np.arange(1, len(stats) + 1)
+    axes[0].plot(layers, [s.var for s in stats], marker='o', label=label)
+    axes[1].plot(layers, [s.grad_var for s in stats], marker='o', label=label)
+  axes[0].set(title='pre-activation variance (forward)', xlabel='layer', yscale='log')
+  axes[1].set(title='gradient variance dL/dz (backward)', xlabel='layer', yscale='log')
+  for ax in axes:
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
