@@ -5,10 +5,10 @@ r"""Train-step images/s of ResNet-50 and VGG-6: plain, BN, GmP and GmP+IMN timed
       [--dtype=float32|bfloat16] [--out=FILE.json] [--tiny]
 
 For each model, each parameterization (`sp`: plain, no normalization; `bn`; `gmp`;
-`gmp_imn`, the paper form `scale * relu(conv(x; u) + lam)` of the studies' models;
-`gmp_imn_transform`: `geoparam.reparameterize(bn_model, 'gmp_imn', drop_batchnorm=True)`,
-whose convs compute with `scale * u` and `scale * lam`, the same function while every scale is
-positive) is built and compiled, then their train steps (forward, backward,
+`gmp_imn`, the paper form `scale * relu(conv(x; u) + lam)` of the studies' models, the first
+conv without IMN; `gmp_imn_transform`: `geoparam.reparameterize(bn_model, 'gmp_imn',
+drop_batchnorm=True)`, whose convs compute with `scale * u` and `scale * lam` and all have IMN,
+the first one too) is built and compiled, then their train steps (forward, backward,
 SGD-momentum update, `batch_stats` update; jitted, donated, after two warm-up
 steps) are timed in alternation, `repeats` times each, so drift of a shared
 machine hits all alike. Reported: median images/s of each; the ratio GmP+IMN / BN

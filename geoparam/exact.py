@@ -83,8 +83,8 @@ def fed_layer(bn_path, bn_input, outputs, layout_of, bn_axis, bn_features) -> tu
 
   `bn_input`: the BatchNorm's input (its `bn_axis` normalized, `bn_features` statistics);
   `outputs`: `{layer path: output}` of the selected layers; `layout_of(path)`: a layer's
-  `kinds.Layout`. Raises unless one layer feeds it, with one unit axis, the last of its output,
-  of the BatchNorm's size.
+  `kinds.Layout`. Raises where no selected layer feeds it, or where that layer's units are not
+  one axis, the last of its output, of the BatchNorm's size.
   """
   producer = [p for p, y in outputs.items() if y is bn_input]
   if not producer:

@@ -149,12 +149,17 @@ def of(layer) -> Kind | None:
 
 
 class Shell(NamedTuple):
-  """What a framework's layers are, for messages: `base` their class, `prefix` their module's
-  short name (`'nnx.'`), `label` (`'an NNX layer'`) and `other`: where the other one's go."""
+  """A framework's layers, for messages: `base` their class, `label` what they are called
+  (`'an NNX layer'`) and `other`: where the other framework's layers go."""
   base: type
-  prefix: str
   label: str
   other: str
+
+
+def _shown(cls: type) -> str:
+  """`nn.Dense`, `nnx.Linear`, or a user class's own name."""
+  prefix = {'flax.linen': 'nn.', 'flax.nnx': 'nnx.'}
+  return next((p for m, p in prefix.items() if cls.__module__.startswith(m)), '') + cls.__name__
 
 
 def kind_of(layer, name: str, shell: Shell | None = None) -> Kind:
@@ -166,8 +171,7 @@ def kind_of(layer, name: str, shell: Shell | None = None) -> Kind:
   kind = of(layer)
   if kind is None or kind.refused:
     base = object if shell is None else shell.base
-    accepted = [(shell.prefix if shell and c.__module__.startswith('flax') else '') + c.__name__
-                for c, k in REGISTRY.items() if not k.refused and issubclass(c, base)]
+    accepted = [_shown(c) for c, k in REGISTRY.items() if not k.refused and issubclass(c, base)]
     why = f' ({kind.refused})' if kind is not None else ''
     raise TypeError(f'{name} cannot be reparameterized{why}: accepted layer types are '
                     f'{", ".join(accepted)} (geoparam.kinds.register adds one).')

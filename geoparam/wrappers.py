@@ -82,8 +82,7 @@ def _describe(holder: nn.Module, layer: nn.Module | None = None) -> str:
   return name + (f' at {where!r}' if where else '')
 
 
-SHELL = kinds.Shell(nn.Module, 'nn.', 'a flax.linen layer',
-                    'an NNX layer takes geoparam.nnx.Reparam')
+SHELL = kinds.Shell(nn.Module, 'a flax.linen layer', 'an NNX layer takes geoparam.nnx.Reparam')
 
 
 def layout_of(layer, inputs_shape, name) -> kinds.Layout:
@@ -393,6 +392,7 @@ class _Wrapper(nn.Module):
 
     `use_running_average`: IMN's switch, as `nn.BatchNorm` (methods with IMN only).
     """
+    kinds.kind_of(self.layer, f'{type(self).__name__} of a {type(self.layer).__name__}', SHELL)
     return call(self, self.get_method(), self.layer, inputs, use_running_average,
                 getattr(self, 'use_running_average', None))
 

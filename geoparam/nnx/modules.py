@@ -60,7 +60,7 @@ __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLin
            'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'layer_ops',
            'layout_of', 'converted']
 
-SHELL = kinds.Shell(nnx.Module, 'nnx.', 'an NNX layer', 'a linen layer takes geoparam.Reparam')
+SHELL = kinds.Shell(nnx.Module, 'an NNX layer', 'a linen layer takes geoparam.Reparam')
 kinds.register(kinds.DENSE, nnx.Linear)
 kinds.register(kinds.CONV, nnx.Conv)
 kinds.register(kinds.GENERAL, nnx.LinearGeneral)
@@ -127,7 +127,7 @@ def layout_of(layer, path=()) -> kinds.Layout:
   if getattr(layer, 'preferred_element_type', None) is not None:
     raise ValueError(f'{name}: preferred_element_type is not supported (got '
                      f'{layer.preferred_element_type!r}); leave it None.')
-  return kinds.layout_of(layer, kind.example_shape(layer), name)
+  return kinds.layout_of(layer, kind.example_shape(layer), f'{type(layer).__name__} at {name}')
 
 
 def _weights(layer):
