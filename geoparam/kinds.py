@@ -360,6 +360,10 @@ def _einsum_specs(einsum_str):
   if '.' in k:
     raise ValueError(f'einsum_str {einsum_str!r}: an ellipsis in the kernel operand is not '
                      'supported.')
+  if len(set(k)) != len(k):  # a diagonal: the layer reads only part of the kernel
+    raise ValueError(f'einsum_str {einsum_str!r}: a kernel axis letter repeats, so the einsum '
+                     "reads only the kernel's diagonal and no unit has all of its weights; not "
+                     'supported.')
   return x, k, out
 
 

@@ -56,6 +56,16 @@ def test_einsum_layout_reads_units_and_fan_in_from_the_string():
     kinds.einsum_layout('btd,...d->bt', (4,))
 
 
+def test_an_einsum_reading_a_kernel_diagonal_is_refused_by_name():
+  """Was converted: 'bd,dd->bd' reads only the diagonal, so a unit's GmP direction and scale
+  spread over weights the layer never uses."""
+  with pytest.raises(ValueError, match=r"'bd,dd->bd': a kernel axis letter repeats"):
+    kinds.einsum_layout('bd,dd->bd', (3, 3))
+  with pytest.raises(ValueError, match='a kernel axis letter repeats'):
+    geoparam.reparameterize(nn.Einsum((3, 3), 'bd,dd->bd'), 'gmp').init(
+        jax.random.key(0), jnp.ones((2, 3)))
+
+
 # ----------------------------------------------------------------------------- linen
 
 class LinenAttention(nn.Module):
