@@ -1,7 +1,6 @@
 """The Levy study end to end: the CLI with a tiny epoch count, and its pieces."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +12,6 @@ from experiments import main
 from experiments.lib import models
 from experiments.configs import levy_1d as levy_config
 from tests import cli_fork
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_config_runs_through_main(tmp_path):

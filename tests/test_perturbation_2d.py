@@ -1,7 +1,6 @@
 """The perturbation study (Fig. 1 b-e) and the appendix A boundary figures."""
 
 import json
-import os
 import re
 
 import numpy as np
@@ -12,8 +11,6 @@ from experiments import main
 from experiments.studies import perturbation_2d
 from experiments.configs import validate
 from tests import cli_fork
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_reference_unit_is_the_notebooks_draw():
