@@ -85,6 +85,11 @@ def fed_layer(bn_path, bn_input, outputs, layout_of, bn_axis, bn_features) -> tu
   `outputs`: `{layer path: output}` of the selected layers; `layout_of(path)`: a layer's
   `kinds.Layout`. Raises where no selected layer feeds it, or where that layer's units are not
   one axis, the last of its output, of the BatchNorm's size.
+
+    >>> import numpy as np
+    >>> y = np.zeros((2, 4))  # the dense layer's output, the BatchNorm's input
+    >>> fed_layer(('bn',), y, {('dense',): y}, lambda p: kinds.Layout((3, 4), (1,)), -1, (4,))
+    ('dense',)
   """
   producer = [p for p, y in outputs.items() if y is bn_input]
   if not producer:

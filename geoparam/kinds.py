@@ -164,7 +164,15 @@ def _shown(cls: type) -> str:
 
 def kind_of(layer, name: str, shell: Shell | None = None) -> Kind:
   """`of(layer)`; a TypeError naming `name` for a layer of no (or a refused) kind, or not of
-  `shell`'s framework."""
+  `shell`'s framework.
+
+    >>> import flax.linen as nn
+    >>> kind_of(nn.Dense(3), 'layer').name
+    'Dense'
+    >>> kind_of(nn.Embed(3, 4), 'layer')  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: layer cannot be reparameterized: accepted layer types are nn.Dense, nn.Conv, ...
+  """
   if shell is not None and not isinstance(layer, shell.base):
     raise TypeError(f'{name}: takes {shell.label}, got a {type(layer).__module__}.'
                     f'{type(layer).__name__} ({shell.other}).')

@@ -400,7 +400,15 @@ class _Wrapper(nn.Module):
 class PaperForm(nn.Module):
   """Mixed in before a Flax layer class (`class LCWDense(PaperForm, nn.Dense)`): that layer's fields
   and semantics, computing with the kernel and bias of the method `_METHOD` (its options
-  `_OPTIONS` read off the fields)."""
+  `_OPTIONS` read off the fields).
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
+    >>> class WNDense(geoparam.wrappers.PaperForm, nn.Dense):
+    ...   _METHOD = 'wn'
+    >>> params = WNDense(4).init(jax.random.key(0), jnp.ones((1, 3)))['params']
+    >>> jax.tree.map(jnp.shape, params)
+    {'bias': (4,), 'kernel': (3, 4), 'scale': (4,)}
+  """
 
   reparameterized = True  # a reparameterized layer already: no whole-model transform's target
   _METHOD, _OPTIONS = '', ()  # class attributes, not fields
