@@ -37,9 +37,7 @@ def sphere_uniform():
     fan_in = shape[0] + 1
     if fan_in < 2:
       return jnp.zeros(shape, dtype)
-    w = jax.random.normal(key, (fan_in, shape[1]), dtype)
-    theta, _ = jax.vmap(hyperspherical.from_cartesian, in_axes=1, out_axes=(1, 0))(w)
-    return theta
+    return hyperspherical.uniform_angles(key, shape, dtype)
 
   return init
 

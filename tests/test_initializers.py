@@ -70,6 +70,25 @@ def test_sphere_uniform_angles_in_canonical_ranges_and_reproducible():
   assert not np.allclose(theta, init(jax.random.key(3), (9, 300)))
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'float64'])
+def test_sphere_uniform_is_from_cartesian_of_a_gaussian_bit_for_bit(dtype, x64):
+  """The initializer skips from_cartesian's exact scaling: the same angles, bit for bit (jitted,
+  as the layers call it), and the angles of the draw computed in float64 numpy."""
+  init = jax.jit(initializers.sphere_uniform(), static_argnums=(1, 2))
+  exact = jax.jit(lambda w: jax.vmap(geoparam.hyperspherical.from_cartesian, in_axes=1,
+                                     out_axes=(1, 0))(w)[0])
+  for fan_in in (2, 3, 40, 1153):
+    key = jax.random.key(fan_in)
+    theta = np.asarray(init(key, (fan_in - 1, 64), jnp.dtype(dtype)))
+    g = jax.random.normal(key, (fan_in, 64), jnp.dtype(dtype))
+    np.testing.assert_array_equal(theta, exact(g))
+    w = np.asarray(g, np.float64)
+    tail = np.sqrt(np.cumsum((w * w)[::-1], axis=0)[::-1])
+    last = np.mod(np.arctan2(w[-1], w[-2]), 2 * np.pi)
+    reference = np.concatenate([np.arctan2(tail[1:-1], w[:-2]), last[None]])
+    np.testing.assert_allclose(theta, reference, rtol=0, atol=4e-6 if dtype == 'float32' else 1e-12)
+
+
 def test_sphere_uniform_dtypes(x64):
   init = initializers.sphere_uniform()
   for dtype in [jnp.float64, jnp.float32]:  # traced, not run: the dtype is static
