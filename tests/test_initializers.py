@@ -77,10 +77,10 @@ def test_sphere_uniform_is_from_cartesian_of_a_gaussian_bit_for_bit(dtype, x64):
   init = jax.jit(initializers.sphere_uniform(), static_argnums=(1, 2))
   exact = jax.jit(lambda w: jax.vmap(geoparam.hyperspherical.from_cartesian, in_axes=1,
                                      out_axes=(1, 0))(w)[0])
-  for fan_in in (2, 3, 40, 1153):
+  for fan_in in (2, 300):
     key = jax.random.key(fan_in)
-    theta = np.asarray(init(key, (fan_in - 1, 64), jnp.dtype(dtype)))
-    g = jax.random.normal(key, (fan_in, 64), jnp.dtype(dtype))
+    theta = np.asarray(init(key, (fan_in - 1, 256), jnp.dtype(dtype)))
+    g = jax.random.normal(key, (fan_in, 256), jnp.dtype(dtype))
     np.testing.assert_array_equal(theta, exact(g))
     w = np.asarray(g, np.float64)
     tail = np.sqrt(np.cumsum((w * w)[::-1], axis=0)[::-1])
