@@ -476,10 +476,11 @@ def _angles(x):
 def uniform_angles(key: jax.Array, shape: tuple[int, int], dtype=jnp.float32) -> jax.Array:
   """Angles `(n - 1, features)` of `features` directions drawn uniformly on S^{n-1}.
 
-  Each column is the angles of a standard Gaussian draw in R^n (rotation
+  Each column is the angles of a standard Gaussian draw `g` in R^n (rotation
   invariant, so its direction is uniform): `from_cartesian(g)[0]` bit for bit,
-  without its exact scaling, which a Gaussian's entries do not need (their
-  squares underflow with probability ~1e-19), so it compiles in about half the time.
+  without its exact scaling, which a Gaussian's entries do not need (a square
+  underflows with probability ~1e-19), so it compiles faster. `shape` is
+  `(n - 1, features)` with n >= 2; float16/bfloat16 are computed in float32.
 
     >>> import jax
     >>> from geoparam import hyperspherical
@@ -488,6 +489,8 @@ def uniform_angles(key: jax.Array, shape: tuple[int, int], dtype=jnp.float32) ->
     >>> theta.shape, bool(jax.numpy.allclose(jax.numpy.linalg.norm(u, axis=0), 1.0))
     ((2, 5), True)
   """
+  if len(shape) != 2 or shape[0] < 1:
+    raise ValueError(f'uniform_angles expects shape (n - 1, features) with n >= 2, got {shape}.')
   g = jax.random.normal(key, (shape[0] + 1, shape[1]), dtype)
   return jax.vmap(lambda w: _from_cartesian_jit(w, False)[0], in_axes=1, out_axes=1)(g)
 
