@@ -33,7 +33,7 @@ __all__ = [
   'SCHEMES',
   'sincos',
   'from_cartesian',
-  'uniform_angles',
+  'uniform_direction_angles',
   'metric_diag',
   'angle_between',
 ]
@@ -458,7 +458,7 @@ def _ldexp_jvp(primals, tangents):
 
 
 def _angles(x):
-  """`(theta, |x|)` of a vector `x` (n,) whose squares neither underflow nor overflow.
+  """`(theta (n - 1,), |x|)` of a vector `x` (n,) whose squares neither underflow nor overflow.
 
   The angles depend on `x` only through ratios, so an exact power-of-two scaling of
   `x` leaves them unchanged bit for bit.
@@ -473,26 +473,32 @@ def _angles(x):
   return jnp.concatenate([first, last[None]]), tail[0]
 
 
-def uniform_angles(key: jax.Array, shape: tuple[int, int], dtype=jnp.float32) -> jax.Array:
+def uniform_direction_angles(key: jax.Array, shape: tuple[int, int],
+                             dtype=jnp.float32) -> jax.Array:
   """Angles `(n - 1, features)` of `features` directions drawn uniformly on S^{n-1}.
 
-  Each column is the angles of a standard Gaussian draw `g` in R^n (rotation
-  invariant, so its direction is uniform): `from_cartesian(g)[0]` bit for bit,
-  without its exact scaling, which a Gaussian's entries do not need (a square
-  underflows with probability ~1e-19), so it compiles faster. `shape` is
-  `(n - 1, features)` with n >= 2; float16/bfloat16 are computed in float32.
+  Not angles drawn uniformly (`theta_i ~ U(0, pi)` crowds `u` into its first
+  coordinates): each column is the angles of a standard Gaussian draw `g` in R^n
+  (rotation invariant, so its direction is uniform), in float32 and float64
+  `from_cartesian(g)[0]` bit for bit. It skips `from_cartesian`'s exact scaling,
+  which a Gaussian draw never needs (its squares are far from under- and
+  overflow), so it compiles faster. `shape` is `(n - 1, features)` with n >= 2;
+  a floating `dtype` (float16/bfloat16 are computed in float32).
 
     >>> import jax
     >>> from geoparam import hyperspherical
-    >>> theta = hyperspherical.uniform_angles(jax.random.key(0), (2, 5))
+    >>> theta = hyperspherical.uniform_direction_angles(jax.random.key(0), (2, 5))
     >>> u = hyperspherical.to_cartesian_batched(theta)  # (3, 5): five unit vectors
     >>> theta.shape, bool(jax.numpy.allclose(jax.numpy.linalg.norm(u, axis=0), 1.0))
     ((2, 5), True)
   """
   if len(shape) != 2 or shape[0] < 1:
-    raise ValueError(f'uniform_angles expects shape (n - 1, features) with n >= 2, got {shape}.')
+    raise ValueError(f'uniform_direction_angles expects shape (n - 1, features) with n >= 2, got '
+                     f'{shape}.')
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f'uniform_direction_angles expects a real floating dtype, got {dtype}.')
   g = jax.random.normal(key, (shape[0] + 1, shape[1]), dtype)
-  return jax.vmap(lambda w: _from_cartesian_jit(w, False)[0], in_axes=1, out_axes=1)(g)
+  return jax.vmap(lambda w: _from_cartesian_jit(w, scaled=False)[0], in_axes=1, out_axes=1)(g)
 
 
 def _from_cartesian(w):
@@ -519,7 +525,7 @@ def _from_cartesian_any_float(w, scaled=True):
   return theta.at[-1].set(jnp.minimum(theta[-1], below_two_pi)), radius.astype(w.dtype)
 
 
-_from_cartesian_jit = jax.jit(_from_cartesian_any_float, static_argnums=1)
+_from_cartesian_jit = jax.jit(_from_cartesian_any_float, static_argnames='scaled')
 
 
 def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -4,8 +4,8 @@ A Flax initializer is `init(key, shape, dtype) -> array`.
 
 GmP (paper 002, Sec. 4.3): the direction `u(theta)` is uniform on the sphere.
 That is NOT `theta_i ~ U(0, pi)` (which, at fan-in 4608, leaves ~97% of the
-coordinates of `u` below 1e-30); instead a Gaussian vector is drawn and
-converted with `hyperspherical.from_cartesian`.
+coordinates of `u` below 1e-30); instead a Gaussian vector is drawn and its
+angles taken (`hyperspherical.uniform_direction_angles`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ __all__ = ['sphere_uniform', 'rademacher', 'glorot_norm', 'he_normal', 'he_unifo
 def sphere_uniform():
   """Angles `theta` of shape `(fan_in - 1, features)` whose directions are uniform on S^{fan_in-1}.
 
-  Each column is `from_cartesian(g)` of a standard Gaussian `g` in R^fan_in
-  (the Gaussian is rotation invariant, so its direction is uniform).
+  Each column is `from_cartesian(g)[0]` of a standard Gaussian `g` in R^fan_in
+  (the Gaussian is rotation invariant, so its direction is uniform):
+  `hyperspherical.uniform_direction_angles`; fan-in 1 gives no angles.
   """
 
   def init(key, shape, dtype=jnp.float32):
@@ -37,7 +38,7 @@ def sphere_uniform():
     fan_in = shape[0] + 1
     if fan_in < 2:
       return jnp.zeros(shape, dtype)
-    return hyperspherical.uniform_angles(key, shape, dtype)
+    return hyperspherical.uniform_direction_angles(key, shape, dtype)
 
   return init
 

@@ -87,8 +87,15 @@ def test_sphere_uniform_is_from_cartesian_of_a_gaussian_bit_for_bit(dtype, x64):
     last = np.mod(np.arctan2(w[-1], w[-2]), 2 * np.pi)
     reference = np.concatenate([np.arctan2(tail[1:-1], w[:-2]), last[None]])
     np.testing.assert_allclose(theta, reference, rtol=0, atol=4e-6 if dtype == 'float32' else 1e-12)
-  with pytest.raises(ValueError, match=r'shape \(n - 1, features\) with n >= 2, got \(0, 3\)'):
-    geoparam.hyperspherical.uniform_angles(jax.random.key(0), (0, 3))
+
+
+def test_uniform_direction_angles_refuses_bad_shapes_and_dtypes():
+  draw = geoparam.hyperspherical.uniform_direction_angles
+  for shape in ((0, 3), (3,), (1, 2, 3)):
+    with pytest.raises(ValueError, match=r'shape \(n - 1, features\) with n >= 2, got'):
+      draw(jax.random.key(0), shape)
+  with pytest.raises(TypeError, match='uniform_direction_angles expects a real floating dtype'):
+    draw(jax.random.key(0), (3, 2), jnp.complex64)
 
 
 def test_sphere_uniform_dtypes(x64):
