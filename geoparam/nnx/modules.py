@@ -127,7 +127,7 @@ def layout_of(layer, path=()) -> kinds.Layout:
   if getattr(layer, 'preferred_element_type', None) is not None:
     raise ValueError(f'{name}: preferred_element_type is not supported (got '
                      f'{layer.preferred_element_type!r}); leave it None.')
-  return kinds.layout_of(layer, kind.example_shape(layer), f'{type(layer).__name__} at {name}')
+  return exact.layout_of(layer, kind.example_shape(layer), path)
 
 
 def _weights(layer):
