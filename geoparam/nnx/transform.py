@@ -212,12 +212,12 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
         n, nnx.Module) and getattr(n, 'use_running_average', None) is not None), True)
   calls = _record(model, list(layers) + list(norms), example_args) if example_args else {}
   folds, dropped = {}, {}
+  outputs = {p: calls[p][1] for p in layers if p in calls}
   for bn_path, bn in norms.items():
     if bn_path not in calls:
       raise ValueError(f'BatchNorm {_name(bn_path)} did not run on the example batch, so the '
                        'layer that feeds it is unknown and it cannot be dropped (exclude it, or '
                        'give an example that runs it).')
-    outputs = {p: calls[p][1] for p in layers if p in calls}
     producer = exact.fed_layer(bn_path, calls[bn_path][0], outputs, lambda p: modules.layout_of(
         layers[p], p), bn.axis, (bn.num_features,))
     folds[producer] = exact.bn_affine(
