@@ -1,4 +1,4 @@
-"""The Levy study end to end: the CLI with a tiny epoch count, and its pieces."""
+"""The Levy study end to end: the README's command through the CLI, and its pieces."""
 
 import json
 
@@ -10,33 +10,7 @@ import pytest
 from experiments.studies import levy_1d
 from experiments import main
 from experiments.lib import models
-from experiments.configs import levy_1d as levy_config
 from tests import cli_fork
-
-
-def test_smoke_config_runs_through_main(tmp_path):
-  workdir = tmp_path / 'levy'
-  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
-      ['--config=experiments/configs/levy_1d.py:smoke', f'--workdir={workdir}'])
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(workdir / 'results.json') as f:
-    summary = json.load(f)
-  with open(workdir / 'config.json') as f:
-    assert json.load(f)['study'] == 'levy_1d'
-  assert set(summary['test_rmse']) == {'sp', 'wn', 'bn', 'gmp'}
-  for m, rmse in summary['test_rmse'].items():
-    assert np.isfinite(rmse) and rmse > 0, m
-    assert len(summary['per_seed'][m]) == 2
-  for name in ('results.csv', 'results.md', 'predictions.png', 'boundary_change.png',
-               'location_spectra.png'):
-    assert (workdir / name).stat().st_size > 0, name
-  assert '| gmp |' in proc.stdout
-  assert 'paper claim' in proc.stdout
-  assert any('GmP has the lowest' in k for k in summary['claims'])
-  for m in ('sp', 'gmp'):
-    spectra = summary['spectra_seed0'][m]
-    assert spectra['steps'][0] == 0 and len(spectra['phi'][0]) == 16
-    assert len(summary['max_abs_dphi_per_seed'][m]) == 2
 
 
 def test_unknown_method_is_a_one_line_error(tmp_path):
@@ -64,15 +38,30 @@ EXPECTED_FLOAT64_TABLE = """\
 """
 
 
-def test_float64_table_equals_the_stored_expectation(tmp_path):
-  """The full Levy protocol (10000 epochs, 5 seeds, 4 methods, float64), ~10 s on 2 cores."""
-  config = levy_config.get_config()
-  config.plots = False
-  out = levy_1d.run(config, str(tmp_path))
-  assert levy_1d.summarize(out['results']) + '\n' == EXPECTED_FLOAT64_TABLE
-  md = (tmp_path / 'results.md').read_text()
+def test_the_readme_command_gives_the_stored_float64_table(tmp_path):
+  """The README's first command as pasted (the full protocol: 10000 epochs, 5 seeds, 4 methods,
+  float64, its figures), through `python -m experiments.main` in a forked child
+  (tests/cli_fork.py); ~25 s on 2 cores."""
+  workdir = tmp_path / 'levy'
+  proc = cli_fork.run_main(['--config=experiments/configs/levy_1d.py', f'--workdir={workdir}'])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  md = (workdir / 'results.md').read_text()
   assert md.startswith(EXPECTED_FLOAT64_TABLE + '\n')
   assert '- GmP has the lowest test RMSE: holds (lowest: gmp 0.8006)' in md
+  assert '| gmp |' in proc.stdout and 'paper claim' in proc.stdout
+  with open(workdir / 'config.json') as f:
+    assert json.load(f)['study'] == 'levy_1d'
+  with open(workdir / 'results.json') as f:
+    summary = json.load(f)
+  assert set(summary['test_rmse']) == {'sp', 'wn', 'bn', 'gmp'}
+  for m in summary['test_rmse']:
+    assert len(summary['per_seed'][m]) == 5 and len(summary['max_abs_dphi_per_seed'][m]) == 5, m
+  assert any('GmP has the lowest' in k for k in summary['claims'])
+  for m in ('sp', 'gmp'):
+    spectra = summary['spectra_seed0'][m]
+    assert spectra['steps'][0] == 0 and len(spectra['phi'][0]) == 100
+  for name in ('results.csv', 'predictions.png', 'boundary_change.png', 'location_spectra.png'):
+    assert (workdir / name).stat().st_size > 0, name
 
 
 def test_data_follows_protocol():
