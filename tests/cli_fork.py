@@ -1,17 +1,19 @@
 """`python -m experiments.main ARGS` without a new interpreter per command line.
 
 A test command line used to be one subprocess each, and most of its second went into starting
-Python and importing JAX, TensorFlow and the studies. Here one helper process (`Runner`, one per
-test worker) imports them once, then forks a child per command line: the child sets `sys.argv`
-as `python -m experiments.main` does, points its stdout and stderr (file descriptors 1 and 2) at
-files and calls `experiments.main.cli()`, the function `python -m experiments.main` runs; its
-exit status is the child's. The absl flags are parsed only in the children, so each starts as a
-fresh interpreter would. Nothing in the helper initializes a JAX backend (no threads are forked).
+Python and importing JAX, TensorFlow, matplotlib and the studies. Here one helper process
+(`Runner`, one per test worker) imports them once, then forks a child per command line: the child
+sets `sys.argv` as `python -m experiments.main` does, points its stdout and stderr (file
+descriptors 1 and 2) at files and calls `experiments.main.cli()`, the function `python -m
+experiments.main` runs; its exit status is the child's. The absl flags are parsed only in the
+children, so each starts as a fresh interpreter would. Nothing in the helper initializes a JAX
+backend (no threads are forked).
 
   python tests/cli_fork.py TMPDIR   # the helper: one JSON line in (args, cwd), one line out
 """
 
 import atexit
+import importlib
 import json
 import os
 import shutil
@@ -109,6 +111,7 @@ def _serve(tmp):
   for name in main.config_names():  # import every study (and its imports) once, here
     for arg in ('', ':smoke'):
       main.study_module(main._load_config(os.path.join(main.CONFIG_DIR, name + '.py' + arg)))  # pylint: disable=protected-access
+  importlib.import_module('matplotlib.pyplot')  # for the studies' figures: once here, not per child
   out_path, err_path = os.path.join(tmp, 'out'), os.path.join(tmp, 'err')
   for line in sys.stdin:
     request = json.loads(line)

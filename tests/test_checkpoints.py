@@ -79,7 +79,6 @@ def test_resume_equals_uninterrupted(tmp_path):
              JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'jax_cache'),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
-  env.pop('XLA_FLAGS', None)
   proc = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=400)
   line = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -148,11 +146,9 @@ EXPECTED_SMOKE_SPLITS = {
 def test_smoke_config_runs_through_main_and_gives_the_stored_results(tmp_path):
   """~15 s on 2 cores; GmP's splits 1 and 2 stop early, SP's split 2 has its rate cut."""
   workdir = tmp_path / 'uci'
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.main',
-       '--config=experiments/configs/uci_regression.py:smoke', f'--workdir={workdir}',
-       f'--config.data_dir={DATA_DIR}', '--config.float64=True'],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = cli_fork.run_main(  # python -m experiments.main in a forked child (tests/cli_fork.py)
+      ['--config=experiments/configs/uci_regression.py:smoke', f'--workdir={workdir}',
+       f'--config.data_dir={DATA_DIR}', '--config.float64=True'])
   assert proc.returncode == 0, proc.stderr[-3000:]
   table = (workdir / 'results.md').read_text()
   assert EXPECTED_SMOKE_TABLE in table and EXPECTED_SMOKE_TABLE in proc.stdout
