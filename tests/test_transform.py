@@ -10,6 +10,7 @@ import optax
 import pytest
 
 import geoparam
+import training
 from transform_models import ResNet, SmallCNN, TransformerMLP
 
 
@@ -48,24 +49,12 @@ def _rel(a, b):
 @pytest.fixture(scope='module')
 def resnet_sp():
   """A small flax-examples-style ResNet (BasicBlock + Bottleneck, BN) with weights and running
-  statistics as training leaves them (no BatchNorm scale at zero, means off zero, variances off
-  one), drawn in numpy on the shapes of `model.init`: nothing compiles."""
+  statistics as training leaves them (`training.trained_like`: nothing compiles)."""
   model = ResNet()
   x = jax.random.normal(jax.random.key(0), (8, 8, 8, 3))
   y = jax.random.randint(jax.random.key(1), (8,), 0, 5)
-  rng = np.random.default_rng(2)
-
-  def draw(path, v):
-    name = path[-1].key
-    if name == 'kernel':  # LeCun normal
-      value = rng.normal(0.0, 1 / np.sqrt(np.prod(v.shape[:-1])), v.shape)
-    else:
-      value = {'var': rng.uniform(0.5, 1.5, v.shape), 'scale': rng.uniform(0.5, 1.5, v.shape)
-               }.get(name, rng.normal(0.0, 0.1, v.shape))  # (bias, mean)
-    return jnp.asarray(value, v.dtype)
-
-  variables = jax.eval_shape(functools.partial(model.init, train=False), jax.random.key(2), x)
-  return model, jax.tree_util.tree_map_with_path(draw, variables), x, y
+  shapes = jax.eval_shape(functools.partial(model.init, train=False), jax.random.key(2), x)
+  return model, training.trained_like(shapes, seed=2), x, y
 
 
 def test_resnet_gmp_imn_drop_bn_keeps_function_trains_and_bakes(resnet_sp):

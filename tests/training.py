@@ -1,7 +1,29 @@
 """Training loops the tests share (our own code)."""
 
 from flax import nnx
+import jax
 import jax.numpy as jnp
+import numpy as np
+
+
+def trained_like(shapes, seed: int = 0):
+  """Variables on `shapes` (e.g. `jax.eval_shape` of a model's init) as training leaves them,
+  drawn in numpy, so nothing compiles: kernels LeCun normal over all axes but the last, BatchNorm
+  and LayerNorm scales and variances in [0.5, 1.5] (none at zero or one), biases and running
+  means N(0, 0.1^2)."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, v):
+    name = path[-1].key
+    if name == 'kernel':
+      value = rng.normal(0.0, 1 / np.sqrt(np.prod(v.shape[:-1])), v.shape)
+    elif name in ('var', 'scale'):
+      value = rng.uniform(0.5, 1.5, v.shape)
+    else:
+      value = rng.normal(0.0, 0.1, v.shape)
+    return jnp.asarray(value, v.dtype)
+
+  return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def nnx_train(model, x, y, steps, tx):
