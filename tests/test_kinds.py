@@ -94,11 +94,11 @@ class LinenDecoder(nn.Module):
 
 
 def _linen_round_trip(model, x, method='gmp'):
-  plain = model.init(jax.random.key(0), x)
+  plain = jax.jit(model.init)(jax.random.key(0), x)
   rp = geoparam.reparameterize(model, method, exclude=['head'])
   variables = geoparam.to_reparameterized(rp, plain, x)
-  apply = jax.jit(rp.apply)  # one compilation each, not one per eager op
-  _close(apply(variables, x), model.apply(plain, x))
+  apply, apply_plain = jax.jit(rp.apply), jax.jit(model.apply)  # one compilation each, not one
+  _close(apply(variables, x), apply_plain(plain, x))              # per eager op
   # one training step moves every reparameterized variable; bake gives the same function back
   loss = jax.jit(lambda p: jnp.mean(rp.apply({**variables, 'params': p}, x) ** 2))
   grads = jax.jit(jax.grad(loss))(variables['params'])
@@ -106,7 +106,7 @@ def _linen_round_trip(model, x, method='gmp'):
                                                   variables['params'], grads)}
   assert loss(trained['params']) < loss(variables['params'])
   baked = geoparam.bake(rp, trained, x)
-  _close(model.apply(baked, x), apply(trained, x))
+  _close(apply_plain(baked, x), apply(trained, x))
   return variables
 
 
