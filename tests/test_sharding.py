@@ -1,8 +1,8 @@
 """Sharded training equals one-device training; batch divisibility; 2-process jax.distributed.
 
-Meshes `(8,)` (data parallel) and `(2, 4)` (data x model: FSDP-style feature-axis sharding of
-parameters and optimizer state over `model`) for BN, MBN and IMN; `(4, 2)` for a model with
-partitioning metadata.
+Mesh `(8,)` (data parallel) for BN, MBN and IMN, and `(2, 4)` (data x model: FSDP-style
+feature-axis sharding of parameters and optimizer state over `model`) for GmP+IMN, whose angles
+must keep their fan-in axis whole; `(4, 2)` for a model with partitioning metadata.
 
 The device-count tests run this file as a subprocess (`python tests/test_sharding.py ...`)
 because `XLA_FLAGS=--xla_force_host_platform_device_count=8` must be set before JAX starts.
@@ -20,10 +20,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ('bn', 'wn_mbn', 'gmp_imn')  # BN, MBN and IMN batch statistics
-MESHES = {'bn': ((1,), (8,), (2, 4)), 'wn_mbn': ((1,), (8,)), 'gmp_imn': ((1,), (8,), (2, 4))}
-# A parameter whose last axis (16 features) the (2, 4) mesh splits 4 ways; for GmP the
-# angles `theta (fan_in - 1, features)`, whose fan-in axis must stay whole.
-SPLIT = {'bn': ('conv_1', 'kernel'), 'gmp_imn': ('conv_1', 'theta')}
+MESHES = {'bn': ((1,), (8,)), 'wn_mbn': ((1,), (8,)), 'gmp_imn': ((1,), (8,), (2, 4))}
+# A parameter whose last axis (16 features) the (2, 4) mesh splits 4 ways: GmP's angles
+# `theta (fan_in - 1, features)`, whose fan-in axis must stay whole.
+SPLIT = {'gmp_imn': ('conv_1', 'theta')}
 
 
 def _env(devices):
