@@ -7,7 +7,8 @@ sets `sys.argv` as `python -m experiments.main` does, points its stdout and stde
 descriptors 1 and 2) at files and calls `experiments.main.cli()`, the function `python -m
 experiments.main` runs; its exit status is the child's. The absl flags are parsed only in the
 children, so each starts as a fresh interpreter would. Nothing in the helper initializes a JAX
-backend (no threads are forked).
+backend (no threads are forked). matplotlib is imported in the helper, so it reads `MPLBACKEND`
+and `MPLCONFIGDIR` there: setting them per command (`env`) has no effect.
 
   python tests/cli_fork.py TMPDIR   # the helper: one JSON line in (args, cwd), one line out
 """
@@ -66,8 +67,14 @@ def run_main(args, cwd=ROOT, env=None):
   the child (a value of None unsets one)."""
   if not _RUNNER:
     _RUNNER.append(Runner())
-    atexit.register(_RUNNER[0].close)
+    atexit.register(close_runners)
   return _RUNNER[0].run(args, cwd, env)
+
+
+def close_runners():
+  """Stops this process's helper, if it started one (at exit, or earlier: tests/conftest.py)."""
+  while _RUNNER:
+    _RUNNER.pop().close()
 
 
 def _child(args, cwd, env, out_path, err_path):

@@ -86,10 +86,13 @@ def pytest_unconfigure(config):
   made = getattr(config, '_geoparam_jax_cache', None)
   if made:
     shutil.rmtree(made, ignore_errors=True)
-  if os.environ.get('PYTEST_XDIST_WORKER') and 'coverage' not in sys.modules:
+  if hasattr(config, 'workerinput') and 'coverage' not in sys.modules:
     # An xdist worker has reported every result by now; Python's finalization would then run
     # JAX's atexit clean-up of every program the worker compiled, which held the end of the
-    # suite 2-8 s (2 workers, 2026-11-27). The last atexit handler registered runs first.
+    # suite 2-8 s (2 workers, 2026-11-27). So the worker's own clean-ups run here, and the last
+    # atexit handler registered (it runs first) skips the rest.
+    from tests import cli_fork  # pylint: disable=g-import-not-at-top
+    cli_fork.close_runners()
     atexit.register(_exit_at_once)
 
 

@@ -8,8 +8,9 @@ unset (as in a fresh shell: a command that needs data must say where it is), and
 `:smoke` variant where the config has one. One helper process per test worker
 (`tests/cli_fork.py`, shared with the other command-line tests) imports the studies once and
 forks a child per command, so the ~35 commands take seconds, not a process start each. The studies'
-smoke runs themselves are run by their own tests (test_levy_1d.py, test_banana_2d.py,
-test_uci_regression.py, test_robustness.py, test_vision_studies.py, ...).
+runs themselves are run by their own tests (the README's Levy command in test_levy_1d.py, smoke
+runs in test_banana_2d.py, test_uci_regression.py, test_robustness.py, test_vision_studies.py,
+...).
 """
 
 import glob

@@ -54,7 +54,9 @@ def test_the_readme_command_gives_the_stored_float64_table(tmp_path):
   with open(workdir / 'results.json') as f:
     summary = json.load(f)
   assert set(summary['test_rmse']) == {'sp', 'wn', 'bn', 'gmp'}
-  for m in summary['test_rmse']:
+  assert summary['test_rmse']['gmp'] == pytest.approx(0.8006, abs=5e-5)  # the table's, as stored
+  for m, rmse in summary['test_rmse'].items():
+    assert np.isfinite(rmse) and rmse > 0, m
     assert len(summary['per_seed'][m]) == 5 and len(summary['max_abs_dphi_per_seed'][m]) == 5, m
   assert any('GmP has the lowest' in k for k in summary['claims'])
   for m in ('sp', 'gmp'):

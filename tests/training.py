@@ -1,4 +1,4 @@
-"""Training loops the tests share (our own code)."""
+"""Training loops the tests share, and trained-like variables without training (our own code)."""
 
 from flax import nnx
 import jax
@@ -7,17 +7,20 @@ import numpy as np
 
 
 def trained_like(shapes, seed: int = 0):
-  """Variables on `shapes` (e.g. `jax.eval_shape` of a model's init) as training leaves them,
-  drawn in numpy, so nothing compiles: kernels LeCun normal over all axes but the last, BatchNorm
-  and LayerNorm scales and variances in [0.5, 1.5] (none at zero or one), biases and running
-  means N(0, 0.1^2)."""
+  """Variables on `shapes` (e.g. `jax.eval_shape` of a model's init; unboxed, dict-keyed) as
+  training leaves them, drawn in numpy, so nothing compiles: kernels LeCun normal over all axes
+  but the last; BatchNorm/LayerNorm scales of either sign, some near zero (as zero-initialized
+  scales become), |scale| in [0.02, 1.5]; variances in [0.5, 1.5]; biases and running means
+  N(0, 0.1^2)."""
   rng = np.random.default_rng(seed)
 
   def draw(path, v):
     name = path[-1].key
     if name == 'kernel':
       value = rng.normal(0.0, 1 / np.sqrt(np.prod(v.shape[:-1])), v.shape)
-    elif name in ('var', 'scale'):
+    elif name == 'scale':
+      value = rng.choice([-1.0, 1.0], v.shape) * rng.uniform(0.02, 1.5, v.shape)
+    elif name == 'var':
       value = rng.uniform(0.5, 1.5, v.shape)
     else:
       value = rng.normal(0.0, 0.1, v.shape)
