@@ -97,8 +97,9 @@ def _linen_round_trip(model, x, method='gmp'):
   plain = jax.jit(model.init)(jax.random.key(0), x)
   rp = geoparam.reparameterize(model, method, exclude=['head'])
   variables = geoparam.to_reparameterized(rp, plain, x)
-  apply, apply_plain = jax.jit(rp.apply), jax.jit(model.apply)  # one compilation each, not one
-  _close(apply(variables, x), apply_plain(plain, x))              # per eager op
+  # One compilation each, not one per eager op.
+  apply, apply_plain = jax.jit(rp.apply), jax.jit(model.apply)
+  _close(apply(variables, x), apply_plain(plain, x))
   # one training step moves every reparameterized variable; bake gives the same function back
   loss = jax.jit(lambda p: jnp.mean(rp.apply({**variables, 'params': p}, x) ** 2))
   grads = jax.jit(jax.grad(loss))(variables['params'])
