@@ -322,6 +322,11 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
       and raises where the model's BatchNorm/Dropout flags contradict it.
     **options: the method's options (its factory's arguments), e.g.
       `momentum=0.9`, `initialization='layer'`, `epsilon=1e-6`.
+
+  Returns:
+    A `Reparameterized` linen module: `rp.init`/`rp.apply` as with `model`, its
+    variables at the original paths. `to_reparameterized(rp, variables, x)` gives
+    it a trained model's weights; `bake(rp, variables, x)` gives them back.
   """
   if not isinstance(model, nn.Module):
     hint = ('pass an instance, e.g. Model()' if isinstance(model, type) else
@@ -497,6 +502,10 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   absorbs it, for dense layers and convs that pad no zeros; zero-padded convs
   start it at 0 (with a nonzero mean, `conv(x - m)` differs at the borders), as
   do bias-free layers (nothing could absorb it).
+
+  Returns:
+    A new variables dict for `rp` (`params`, and `batch_stats` where IMN or the
+    model's own BatchNorms keep statistics); `variables` is not changed.
   """
   _check_args('to_reparameterized', rp, variables)
   method = rp.get_method()
@@ -538,6 +547,10 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   variance 1, scale `sqrt(1 + epsilon)`, bias 0). IMN's running mean is folded
   into the bias; for zero-padded convs that is exact only away from the
   borders, so it raises unless `approximate_borders=True`.
+
+  Returns:
+    A new variables dict for `rp.module` (the plain model), boxed like its
+    `init` where `variables` hold partitioning boxes; `variables` is not changed.
   """
   _check_args('bake', rp, variables)
   selection.check_flag('approximate_borders', approximate_borders, 'bake')

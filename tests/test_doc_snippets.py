@@ -94,7 +94,7 @@ def run_group(group: list[tuple[str, str]]) -> None:
 
 def test_the_pages_have_python_blocks():
   pages = {g[0][0].split(':')[0] for g in GROUPS}
-  assert {'README.md', 'docs/library.md', 'docs/reparameterize.md'} <= pages, pages
+  assert {'README.md', 'docs/index.md', 'docs/library.md', 'docs/reparameterize.md'} <= pages, pages
   assert sum(map(len, GROUPS)) >= 7 and any(len(g) > 1 for g in GROUPS), GROUPS
 
 

@@ -245,7 +245,10 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
   `approximate_borders=True`). Each `DroppedBatchNorm` becomes an
   `nnx.BatchNorm` that is the identity in evaluation mode (mean 0, var 1,
   scale `sqrt(1 + epsilon)`), carrying the bias of a bias-less layer before it.
-  Returns `model` (a model that is itself one wrapper: its plain layer).
+
+  Returns:
+    `model`, changed in place (a model that is itself one wrapper: its plain
+    layer, so use the return value).
   """
   if not isinstance(model, nnx.Module):
     hint = ('for a linen model use geoparam.bake(rp, variables, *inputs)' if hasattr(model, 'scope')
