@@ -230,9 +230,11 @@ def plot(runs, chosen, data, workdir) -> list[str]:
   y_all = np.concatenate([data['y_train'], data['y_test']])[:, 0]
   lim = float(np.max(np.abs(x_all))) + 0.5
   colors = plt.cm.tab10(np.arange(10) % 10)
+  class_names = ('class -1', 'class +1')  # banana.csv's labels (y = 0, 1 here)
 
-  fig, axes = plt.subplots(len(rates), len(methods), figsize=(3.6 * len(methods),
-                                                              3.9 * len(rates)), squeeze=False)
+  height = 4.1 * len(rates) + 0.6  # 0.6 inch for the class legend below the panels
+  fig, axes = plt.subplots(len(rates), len(methods), figsize=(3.6 * len(methods), height),
+                           squeeze=False)
   for row, lr in enumerate(rates):
     for ax, m in zip(axes[row], methods):
       r = runs[lr].get(m)
@@ -241,9 +243,9 @@ def plot(runs, chosen, data, workdir) -> list[str]:
         continue
       steps = int(r['epochs_run'][0]) * r['steps_per_epoch'] + 1
       path = r['locations'][0, :steps]  # (steps, hidden, 2)
-      for c, label in ((0, 'tab:blue'), (1, 'tab:orange')):
+      for c, color in ((0, 'tab:blue'), (1, 'tab:orange')):
         pts = x_all[y_all == c]
-        ax.scatter(pts[:, 0], pts[:, 1], s=4, c=label, alpha=0.2, lw=0)
+        ax.scatter(pts[:, 0], pts[:, 1], s=4, c=color, alpha=0.2, lw=0, label=class_names[c])
       outside = 0
       for i in range(path.shape[1]):
         c = colors[i % 10]
@@ -257,8 +259,14 @@ def plot(runs, chosen, data, workdir) -> list[str]:
       ax.set_xlabel('$x_1$', fontsize=8)
       ax.set_ylabel('$x_2$', fontsize=8)
       ax.tick_params(labelsize=7)
-  figures = [plotting.save(fig, workdir, 'trajectories.png', dpi=110, title=(
-      r'Trajectories of the boundary locations $\phi_i$ during training (o start, * end; seed 0)'))]
+  handles, labels = next(ax for ax in axes.flat if ax.axison).get_legend_handles_labels()
+  legend = fig.legend(handles, labels, loc='lower center', ncol=2, fontsize=8, markerscale=3,
+                      title='data points (training and test)', title_fontsize=8)
+  for handle in legend.legend_handles:
+    handle.set_alpha(1.0)
+  figures = [plotting.save(fig, workdir, 'trajectories.png', dpi=110, rect=(0, 0.6 / height, 1, 1),
+                           title=(r'Trajectories of the boundary locations $\phi_i$ during '
+                                  'training (o start, * end; seed 0)'))]
 
   n = len(chosen[methods[0]]['test_acc'])
   fig, axes = plt.subplots(1, len(rates), figsize=(5.6 * len(rates), 4.0), squeeze=False,
@@ -270,12 +278,12 @@ def plot(runs, chosen, data, workdir) -> list[str]:
       worst = report.max_over_members(runs[lr][m]['max_dtheta_deg'])
       ax.plot(np.arange(1, worst.size + 1), np.maximum(worst, 1e-6), lw=0.6, color=f'C{k}',
               label=f'{plotting.method_label(m)} (max {np.nanmax(worst):.1f})')
-    ax.axhline(180, color='k', lw=0.8, ls=':')
+    ax.axhline(180, color='k', lw=0.8, ls=':', label='180 deg: the largest possible change')
     ax.set_yscale('log')
     ax.set_ylim(1e-4, 400)
     ax.set_xlabel('optimizer step')
     ax.set_title(f'lr {lr:g} for every method', fontsize=10)
-    ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.16), ncol=len(methods))
+    ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.16), ncol=3)
   axes[0][0].set_ylabel(r'$\max_i |\Delta\theta_i|$ (degrees)')
   figures.append(plotting.save(
       fig, workdir, 'angle_change.png',
@@ -284,7 +292,7 @@ def plot(runs, chosen, data, workdir) -> list[str]:
   g = np.linspace(-lim, lim, 200)
   gx, gy = np.meshgrid(g, g)
   grid = np.stack([gx.ravel(), gy.ravel()], 1).astype(data['x_train'].dtype)
-  fig, axes = plt.subplots(1, len(methods), figsize=(3.9 * len(methods), 4.7), squeeze=False)
+  fig, axes = plt.subplots(1, len(methods), figsize=(3.9 * len(methods), 5.1), squeeze=False)
   for ax, m in zip(axes[0], methods):
     r = chosen[m]
     variables = {'params': models.member(r['final_params'], 0),
@@ -294,17 +302,21 @@ def plot(runs, chosen, data, workdir) -> list[str]:
     ax.contourf(gx, gy, prob, levels=np.linspace(0, 1, 11), cmap='RdBu_r', alpha=0.35)
     ax.contour(gx, gy, prob, levels=[0.5], colors='k', linewidths=2.5)
     xt, yt = data['x_test'], data['y_test'][:, 0]
-    ax.scatter(xt[yt == 0, 0], xt[yt == 0, 1], s=9, c='tab:blue', edgecolors='none')
-    ax.scatter(xt[yt == 1, 0], xt[yt == 1, 1], s=9, c='tab:red', edgecolors='none')
+    for c, color in ((0, 'tab:blue'), (1, 'tab:red')):
+      ax.scatter(xt[yt == c, 0], xt[yt == c, 1], s=9, c=color, edgecolors='none',
+                 label=f'{class_names[c]} (test points)')
     phi = r['final_phi'][0]
-    ax.plot(phi[:, 0], phi[:, 1], '*', color='red', ms=13, mec='k', mew=0.7)
+    ax.plot(phi[:, 0], phi[:, 1], '*', color='red', ms=13, mec='k', mew=0.7,
+            label=r'final boundary locations $\phi_i$')
+    ax.plot([], [], 'k-', lw=2.5, label='decision boundary (p = 0.5)')
     plotting.square(ax, lim)
     ax.set_title(f'{plotting.method_label(m)} (lr {r["lr"]:g}), seed 0: test accuracy {r["test_acc"][0]:.3f}\n'
                  f'all {n} seeds: {report.format_mean_se(r["test_acc"], 3)}', fontsize=9)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')
+  plotting.legend_below(fig, axes[0][0], fontsize=8)
   return figures + [plotting.save(
-      fig, workdir, 'decision_boundaries.png', rect=(0, 0, 1, 0.95),
+      fig, workdir, 'decision_boundaries.png', rect=(0, 0.07, 1, 0.95),
       title='Decision boundary (black, p = 0.5) and final boundary locations (stars) of seed 0 '
       'over the test points')]
 
