@@ -725,10 +725,16 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
     row = {m: [at[(m, width, lr, 1.0)] for lr in rates] for m in methods}
     values = [x[key] for r in row.values() for x in r]
     top = _top(values) if (log_metric or key == 'train_loss') else None
+    # The train loss at init (mean over the rates' cells), dotted: the y range reaches it.
+    inits = ({m: np.mean([x['train_loss_init'] for x in row[m]]) for m in methods}
+             if key == 'train_loss' else {})
+    shown = [v for v in inits.values() if np.isfinite(v) and v > 0]
+    if shown:
+      top = max(top, 1.3 * max(shown))
     for k, m in enumerate(methods):
       _plot_curve(ax, rates, row[m], key, f'C{k}', plotting.method_label(m), top)
-      if key == 'train_loss':
-        ax.axhline(np.mean([x['train_loss_init'] for x in row[m]]), color=f'C{k}', ls=':', lw=0.8)
+      if m in inits and np.isfinite(inits[m]):
+        ax.axhline(inits[m], color=f'C{k}', ls=':', lw=1.2)
     ax.set_xscale('log')
     if top is not None:
       ax.set_yscale('log')
@@ -739,6 +745,7 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
   axes[0].set_title(f'test {metric}, mean +- s.e. over {n} seeds', fontsize=10)
   axes[1].set_ylabel('final train loss')
   axes[1].set_title('final train loss (dotted: at init)', fontsize=10)
+  axes[1].plot([], [], 'k:', lw=1.2, label='train loss at init (method colour)')
   axes[1].plot([], [], 'kx', ms=8, mew=2, label='diverged (non-finite / off-scale: top edge)')
   axes[1].legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
   figures.append(plotting.save(
@@ -759,8 +766,9 @@ def plot(dataset, cells, analysis, methods, rates, scales, widths, width, metric
   cmap = plt.get_cmap('viridis_r' if log_metric else 'viridis').with_extremes(bad='0.8')
   image = None
   for ax, m in zip(axes[0], methods):
+    # Rows top to bottom: the init scales ascending (x1 the default), the careless N(0,1) last.
     image = ax.imshow(np.ma.masked_invalid(grids[m]), norm=norm, cmap=cmap, aspect='auto',
-                      origin='lower')
+                      origin='upper')
     for i, s in enumerate(scales):
       for j, lr in enumerate(rates):
         if at[(m, width, lr, s)]['diverged']:
