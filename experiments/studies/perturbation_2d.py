@@ -44,6 +44,12 @@ CONFIG_RULES = {'eps': validate.positive_reals, 'num_draws': validate.AT_LEAST_O
                 'weight_scale': validate.POSITIVE_REAL}
 
 
+# Why perturbation.png shows the same angle for SP and WN (paper 002, eqs. 12 and 14).
+WN_NOTE = (r'SP and WN turn by the same angle: WN starts at $v = w$, so $v + \epsilon\mathbf{1}$ '
+           r'has the direction of $w + \epsilon\mathbf{1}$ (eq. 14 = eq. 12); the shifts of $g$ '
+           'and $b$ move only the distance from the origin')
+
+
 def draw_units(seed: int, num: int, scale: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
   """`num` units `(w (num, 2), b (num,))`; unit 0 is `np.random.seed(seed); randn(2), randn(1)`."""
   rng = np.random.RandomState(seed)
@@ -107,7 +113,7 @@ def plot(changes, eps_values, workdir, unit: int = 0, title: str = ''):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   colors = {'sp': 'tab:red', 'wn': 'tab:green', 'gmp': 'tab:blue'}
-  fig, axes = plt.subplots(1, len(eps_values), figsize=(4.2 * len(eps_values), 4.5),
+  fig, axes = plt.subplots(1, len(eps_values), figsize=(4.2 * len(eps_values), 4.9),
                            squeeze=False)
   for ax, eps in zip(axes[0], eps_values):
     phi0 = changes['sp'][eps]['phi_before'][unit]
@@ -131,9 +137,9 @@ def plot(changes, eps_values, workdir, unit: int = 0, title: str = ''):
     ax.legend(fontsize=7.5, loc='lower left', title='after perturbation', title_fontsize=7.5)
     ax.set_xlabel('$x_1$')
   axes[0][0].set_ylabel('$x_2$')
-  plotting.save(fig, workdir, 'perturbation.png', fontsize=11, title=title or (
-      f'unit {unit}: boundary before (brown) and after a perturbation by '
-      r'$\epsilon$ in SP, WN and GmP coordinates'))
+  title = title or (f'unit {unit}: boundary before (brown) and after a perturbation by '
+                    r'$\epsilon$ in SP, WN and GmP coordinates')
+  plotting.save(fig, workdir, 'perturbation.png', fontsize=11, title=title + '\n' + WN_NOTE)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
