@@ -8,16 +8,16 @@ monitors the test split (what the paper's code did), `clean` a validation part
 of the training split:
 
   python -m experiments.main --config=experiments/configs/uci_regression.py \
-      --workdir=workdir/uci_reference
+      --workdir=workdir/uci_reference --config.data_dir=../shared/data
   python -m experiments.main --config=experiments/configs/uci_regression.py \
-      --workdir=workdir/uci_clean --config.protocol=clean
+      --workdir=workdir/uci_clean --config.protocol=clean --config.data_dir=../shared/data
 
 The files are read from `data_dir` (None: $GEOPARAM_DATA_DIR; its `uci/` folder);
 `--config.download=True` fetches missing ones into the cache. `smoke`: yacht, 3
 splits, 300 epochs, all four methods (~15 s on 2 cores, mostly compiling):
 
   python -m experiments.main --config=experiments/configs/uci_regression.py:smoke \
-      --workdir=/tmp/uci_smoke
+      --workdir=/tmp/uci_smoke --config.data_dir=../shared/data
 
 Any field on the command line, e.g. `--config.datasets=yacht,energy --config.num_splits=4`.
 """
