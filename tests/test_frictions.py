@@ -235,7 +235,8 @@ def _capture_figures(monkeypatch):
         {'title': ax.get_title(), 'ylim': ax.get_ylim(), 'texts': [t.get_text() for t in ax.texts],
          'lines': [(l.get_label(), l.get_ydata()) for l in ax.get_lines()],
          'legend': [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []}
-        for ax in fig.axes]}
+        for ax in fig.axes],
+        'fig_legend': [t.get_text() for legend in fig.legends for t in legend.get_texts()]}
     return save(fig, workdir, name, **kwargs)
 
   monkeypatch.setattr(plotting, 'save', capture)
@@ -247,10 +248,18 @@ def test_levy_figures_spell_gmp_keep_curves_inside_and_explain_counts(tmp_path, 
   from experiments.studies import levy_1d
   figures = _capture_figures(monkeypatch)
   results, data = _levy_results(2.0 ** -44.5)
+  results['wn']['init_pred'][1] = np.linspace(30, -30, 20)  # an initial line far off the data
   levy_1d.plot(results, data, str(tmp_path))
   levy_1d.plot_spectra(results, data, str(tmp_path))
   change = figures['boundary_change.png']['axes'][0]
-  assert change['legend'] == ['SP', 'WN', 'BN', 'GmP']
+  assert change['legend'] == ['SP', 'WN', 'BN', 'GmP',
+                              r'$|\Delta\phi| = 1$ (paper: GmP stays below)']
+  # predictions.png: the y range of the data (0..10) and the trained lines, the far-off initial
+  # line clipped and counted in its panel.
+  predictions = figures['predictions.png']['axes']
+  assert all(-1 < a['ylim'][0] < 0 and 10 < a['ylim'][1] < 11 for a in predictions), predictions
+  assert [a['texts'] for a in predictions] == [
+      [], ['1 of 2 initial lines\nleave the axis (clipped)'], [], []]
   for label, y in change['lines']:  # every point of every curve inside the y range
     y = np.asarray(y, float)
     assert np.all(y[np.isfinite(y)] >= change['ylim'][0]), (label, y.min(), change['ylim'])
@@ -280,6 +289,81 @@ def test_levy_boundary_change_draws_tiny_changes_on_the_bottom_edge(tmp_path, mo
   change = figures['boundary_change.png']['axes'][0]
   bn = np.asarray(dict(change['lines'])['BN'], float)
   assert change['ylim'][0] == bottom - 1 and bn.min() == bottom, (change['ylim'], bn)
+
+
+def test_banana_figures_label_the_classes_and_the_180_degree_line(tmp_path, monkeypatch):
+  import jax
+  import numpy as np
+  from experiments.lib import models
+  figures = _capture_figures(monkeypatch)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(40, 2))
+  y = (x[:, :1] > 0).astype(np.float64)
+  data = {'x_train': x[:30], 'y_train': y[:30], 'x_test': x[30:], 'y_test': y[30:]}
+  runs = {0.01: {}, 0.1: {}}
+  for m in ('sp', 'gmp'):
+    model = models.MLP(hidden=(3,), out=1, method=m)
+    variables = jax.tree.map(lambda a: np.asarray(a)[None], model.init(
+        jax.random.key(0), x, train=False))
+    for lr in runs:
+      runs[lr][m] = {'model': model, 'lr': lr, 'epochs_run': np.array([2]), 'steps_per_epoch': 1,
+                     'locations': rng.normal(size=(1, 3, 3, 2)), 'test_acc': np.array([0.9]),
+                     'max_dtheta_deg': np.full((1, 2), 5.0),
+                     'final_phi': rng.normal(size=(1, 3, 2)),
+                     'final_params': variables['params'],
+                     'final_others': {k: v for k, v in variables.items() if k != 'params'}}
+  chosen = {'sp': runs[0.01]['sp'], 'gmp': runs[0.1]['gmp']}
+  banana_2d.plot(runs, chosen, data, str(tmp_path))
+  assert figures['trajectories.png']['fig_legend'] == ['class -1', 'class +1']
+  for ax in figures['angle_change.png']['axes']:
+    assert ax['legend'][-1] == '180 deg: the largest possible change', ax['legend']
+  assert figures['decision_boundaries.png']['fig_legend'] == [
+      'class -1 (test points)', 'class +1 (test points)', 'final boundary locations $\\phi_i$',
+      'decision boundary (p = 0.5)']
+
+
+def test_perturbation_figure_says_why_sp_and_wn_turn_alike(tmp_path, monkeypatch):
+  from experiments.studies import perturbation_2d
+  figures = _capture_figures(monkeypatch)
+  w, b = perturbation_2d.draw_units(1, 2)
+  changes = perturbation_2d.perturbation_changes(w, b, (1e-3,))
+  perturbation_2d.plot(changes, (1e-3,), str(tmp_path))
+  assert figures['perturbation.png']['title'].endswith('\n' + perturbation_2d.WN_NOTE)
+  assert 'SP and WN turn by the same angle' in perturbation_2d.WN_NOTE
+
+
+def test_robustness_figures_draw_the_init_loss_and_order_the_scales(tmp_path, monkeypatch):
+  """lr_<d>.png: the dotted train loss at init lies inside the y range (it is far above the
+  trained losses); heatmap_<d>.png: rows x1, x10, N(0,1) from the top."""
+  import numpy as np
+  from matplotlib import figure
+  from experiments.studies import robustness
+  figures = _capture_figures(monkeypatch)
+  heatmaps = []
+  savefig = figure.Figure.savefig
+
+  def keep(fig, path, **kwargs):
+    if os.path.basename(str(path)).startswith('heatmap_'):
+      heatmaps.append([(ax.get_yticks(), [t.get_text() for t in ax.get_yticklabels()],
+                        ax.get_ylim()) for ax in fig.axes if ax.get_images()])
+    return savefig(fig, path, **kwargs)
+
+  monkeypatch.setattr(figure.Figure, 'savefig', keep)
+  rates, scales = [0.01, 0.1], [1.0, 10.0, robustness.CARELESS]
+  cells = [dict(method=m, width=8, lr=lr, scale=s, train_loss=0.1 * (1 + k), train_loss_init=50.0,
+                test_metric=0.2, test_metric_se=0.01, test_metric_init=5.0, diverged=False)
+           for k, m in enumerate(('sp', 'gmp')) for lr in rates for s in scales]
+  analysis = {m: {'best_lr': 0.1} for m in ('sp', 'gmp')}
+  robustness.plot('yacht', cells, analysis, ['sp', 'gmp'], rates, scales, [8], 8, 'rmse', 2,
+                  str(tmp_path))
+  loss = figures['lr_yacht.png']['axes'][1]
+  assert loss['ylim'][1] > 50.0, loss['ylim']
+  at_init = [label for label, y in loss['lines'] if len(y) == 2 and np.allclose(y, 50.0)]
+  assert len(at_init) == 2, loss['lines']  # one dotted line per method
+  assert 'train loss at init (method colour)' in loss['legend'], loss['legend']
+  for ticks, labels, ylim in heatmaps[0]:
+    top_first = [label for _, label in sorted(zip(ticks, labels), reverse=bool(ylim[0] < ylim[1]))]
+    assert top_first == ['x1', 'x10', 'N(0,1)'], (top_first, ylim)
 
 
 def test_quickstart_third_figure_has_a_colorbar_and_short_titles():

@@ -175,13 +175,26 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
                                 'max log2 max|dphi|'], rows)
 
 
+def prediction_ylim(data, preds, pad: float = 0.08) -> tuple[float, float]:
+  """y range of predictions.png: the Levy function, the training points and the finite trained
+  predictions `preds` (any shape), padded by `pad` of their span (initial lines may leave it)."""
+  values = np.concatenate([np.ravel(data['y_test']), np.ravel(data['y_train']),
+                           *(np.ravel(p) for p in preds)]).astype(np.float64)
+  values = values[np.isfinite(values)]
+  lo, hi = float(values.min()), float(values.max())
+  margin = pad * max(hi - lo, 1e-12)
+  return lo - margin, hi + margin
+
+
 def plot(results, data, workdir) -> list[str]:
-  """predictions.png (every seed, before and after) and boundary_change.png (Fig. 2c)."""
+  """predictions.png (every seed, before and after; the y range of the data and the trained
+  predictions, initial lines beyond it clipped and counted) and boundary_change.png (Fig. 2c)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   methods = list(results)
   n = len(results[methods[0]]['rmse'])
   x = data['x_test'][:, 0]
+  lo, hi = prediction_ylim(data, [results[m]['pred'] for m in methods])
   fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.6), squeeze=False,
                            sharey=True)
   for ax, m in zip(axes[0], methods):
@@ -189,18 +202,26 @@ def plot(results, data, workdir) -> list[str]:
     ax.plot(x, data['y_test'][:, 0], 'k-', lw=1, label='Levy function')
     ax.scatter(data['x_train'][:, 0], data['y_train'][:, 0], s=8, c='k', label='training points')
     for i in range(n):
-      ax.plot(x, r['init_pred'][i], 'C1--', lw=0.7, alpha=0.7, label='initial' if i == 0 else None)
+      ax.plot(x, r['init_pred'][i], 'C1--', lw=0.7, alpha=0.7,
+              label='initial (clipped at the y range)' if i == 0 else None)
       ax.plot(x, r['pred'][i], 'C0-', lw=0.9, alpha=0.8, label='trained' if i == 0 else None)
+    init = np.asarray(r['init_pred'], np.float64)
+    off = int(np.sum(np.any(~np.isfinite(init) | (init < lo) | (init > hi), axis=1)))
+    if off:
+      ax.text(0.5, 0.97, f'{off} of {n} initial lines\nleave the axis (clipped)',
+              transform=ax.transAxes, ha='center', va='top', fontsize=7, color='C1')
     ax.set_title(f'{plotting.method_label(m)}: test RMSE {report.format_mean_se(r["rmse"], 3)}',
                  fontsize=10)
     ax.set_xlabel('x')
+  axes[0][0].set_ylim(lo, hi)
   axes[0][0].set_ylabel('y')
   plotting.legend_below(fig, axes[0][0])
   figures = [plotting.save(
       fig, workdir, 'predictions.png', rect=(0, 0.07, 1, 1), fontsize=11,
-      title=f'Levy regression: predictions of all {n} seeds (RMSE mean +- s.e. over seeds)')]
+      title=f'Levy regression: predictions of all {n} seeds (RMSE mean +- s.e. over seeds); '
+      'y range: the data and the trained predictions')]
 
-  fig, ax = plt.subplots(figsize=(7, 3.6))
+  fig, ax = plt.subplots(figsize=(8.6, 3.6))  # the plot as wide as with 4 legend entries
   worst = {m: report.max_over_members(results[m]['trace']['max_dphi']) for m in methods}
   # The y axis reaches the lowest curve (BN's changes shrink to ~2^-45 in the full run); below
   # 2^-60 (float64 resolution) and exact zeros are drawn on the bottom edge.
@@ -208,7 +229,8 @@ def plot(results, data, workdir) -> list[str]:
   for m in methods:
     ax.plot(np.arange(1, worst[m].size + 1), np.log2(np.maximum(worst[m], 2.0 ** bottom)),
             lw=0.6, label=plotting.method_label(m))
-  ax.axhline(0.0, color='k', lw=0.8, ls=':')
+  ax.axhline(0.0, color='k', lw=0.8, ls=':',
+             label=r'$|\Delta\phi| = 1$ (paper: GmP stays below)')
   ax.set_xlabel('epoch (full-batch step)')
   ax.set_ylabel(r'$\log_2 \max_i |\Delta\phi_i|$')
   ax.set_ylim(bottom=bottom - 1)
