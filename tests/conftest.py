@@ -6,6 +6,7 @@ the float32 tests see JAX's default dtypes.
 
 import atexit
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -39,6 +40,35 @@ import tensorflow_datasets as tfds
 # importing tracemalloc inside the window, crashed and failed the test around it (CI,
 # 2026-11-25). So tracemalloc and TFDS's modules are loaded here, before any test runs.
 tfds.data_source, tfds.testing.mock_data  # pylint: disable=pointless-statement
+
+
+@functools.cache
+def xla_cpu_converts_float16() -> bool:
+  """Whether XLA compiles float16 <-> float32 conversions here. XLA:CPU built for a vector ISA
+  without F16C (`XLA_FLAGS=--xla_cpu_max_isa=SSE4_2`, or such a host) cannot link them
+  (`Symbols not found: __extendhfsf2`), so float16 cases skip there, saying so."""
+  try:
+    there = jax.jit(lambda x: (x.astype(np.float32) + 1).astype(np.float16))
+    return bool(np.asarray(there(np.ones(2, np.float16)))[0] == 2)
+  except jax.errors.JaxRuntimeError:
+    return jax.default_backend() != 'cpu'
+
+
+NO_FLOAT16 = 'XLA:CPU cannot convert float16 on this vector ISA (no F16C: __extendhfsf2 missing)'
+
+
+@pytest.fixture
+def float16_converts() -> bool:
+  """`xla_cpu_converts_float16()`, for a test with a float16 part of its own."""
+  return xla_cpu_converts_float16()
+
+
+def pytest_runtest_setup(item):
+  """Skips a test's float16 parameterization where XLA cannot convert float16 (see above)."""
+  params = getattr(getattr(item, 'callspec', None), 'params', {})
+  if any(str(v) in ('float16', "<class 'jax.numpy.float16'>") or v is np.float16
+         for v in params.values()) and not xla_cpu_converts_float16():
+    pytest.skip(NO_FLOAT16)
 
 
 @pytest.fixture(params=['fold', 'subtract'])

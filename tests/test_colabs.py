@@ -42,7 +42,8 @@ NEEDS_DATA = {
     'characteristic_activation.ipynb': 'banana.csv',
     'uci_and_benchmarks.ipynb': os.path.join('uci', 'yacht.txt'),
 }
-DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or os.path.join(ROOT, '..', 'shared', 'data')
+SHARED = os.path.join(ROOT, '..', 'shared', 'data')  # the notebooks' fallback beside the checkout
+DATA_DIR = os.environ.get('GEOPARAM_DATA_DIR') or SHARED
 MAX_CELL_CHARS = 5000
 MAX_FILE_BYTES = 60_000
 
@@ -95,6 +96,10 @@ def test_notebook_is_committed_clean(name):
   # with downloads of missing files allowed (so Colab needs no upload).
   first = code[0].source
   assert 'REPO_URL' in first and "'google.colab' in sys.modules" in first
+  # Colab installs what the notebook imports: the experiments' extras only for the studies.
+  studies = "'experiments'" in first.split('NEEDS = ')[1].splitlines()[0]
+  assert ("f'{root}[experiments]'" in first) == studies, name
+  assert studies or "'-e', root]" in first, name
   if name in NEEDS_DATA:
     assert any('GEOPARAM_DATA_DIR' in c.source and 'DATA_DIR =' in c.source
                and 'DOWNLOAD = True' in c.source for c in code)
@@ -179,7 +184,11 @@ def test_notebook_executes(name, tmp_path, monkeypatch):
     pytest.skip(f'{needs} not in {DATA_DIR} (set GEOPARAM_DATA_DIR)')
   jupyter_path, kernel_name = _kernelspec(tmp_path)
   monkeypatch.setenv('JUPYTER_PATH', jupyter_path)
-  monkeypatch.setenv('GEOPARAM_DATA_DIR', os.path.abspath(DATA_DIR))
+  if needs and os.path.exists(os.path.join(SHARED, needs)):
+    # As from a fresh clone: no GEOPARAM_DATA_DIR, the notebook finds ../shared/data itself.
+    monkeypatch.delenv('GEOPARAM_DATA_DIR', raising=False)
+  else:
+    monkeypatch.setenv('GEOPARAM_DATA_DIR', os.path.abspath(DATA_DIR))
   monkeypatch.delenv('MPLBACKEND', raising=False)  # the kernel's default: inline figures
   monkeypatch.setenv('TMPDIR', str(tmp_path))  # the notebooks' WORKDIR (tempfile) lands here
   # Never a silent download: the data is local, and any fetch would go to a closed loopback
