@@ -13,9 +13,9 @@ from geoparam import lcw
 from geoparam import masks
 from geoparam import methods
 from geoparam import schedules
-from geoparam import transform
+from geoparam.linen import transform
 from geoparam import variance
-from geoparam import wrappers
+from geoparam.linen import wrappers
 from geoparam.linen.layers import PReLU
 from geoparam.activations import prelu
 from geoparam.baselines import CWNConv
@@ -29,15 +29,15 @@ from geoparam.he_init import he_uniform
 from geoparam.linear_constrained import LCWConv
 from geoparam.linear_constrained import LCWDense
 from geoparam.masks import decay_mask
-from geoparam.transform import Reparameterized
-from geoparam.transform import bake
-from geoparam.transform import reparameterize
-from geoparam.transform import to_reparameterized
-from geoparam.wrappers import CWN
-from geoparam.wrappers import GmP
-from geoparam.wrappers import LCW
-from geoparam.wrappers import Reparam
-from geoparam.wrappers import WN
+from geoparam.linen.transform import Reparameterized
+from geoparam.linen.transform import bake
+from geoparam.linen.transform import reparameterize
+from geoparam.linen.transform import to_reparameterized
+from geoparam.linen.wrappers import CWN
+from geoparam.linen.wrappers import GmP
+from geoparam.linen.wrappers import LCW
+from geoparam.linen.wrappers import Reparam
+from geoparam.linen.wrappers import WN
 from geoparam.linen.layers import InputMeanNorm
 from geoparam.linen.layers import MeanOnlyBatchNorm
 

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from geoparam import wrappers
+from geoparam.linen import wrappers
 from geoparam.methods.cwn import centered_weight_norm
 from geoparam.methods.wn import weight_norm
 

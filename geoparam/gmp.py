@@ -2,7 +2,7 @@
 
 The `gmp` method (`geoparam.methods.gmp`) with the scale outside the activation:
 the layer runs `nn.Dense`/`nn.Conv` with the kernel `u(theta)` and bias `lam`
-(`geoparam.wrappers.call`, the same code as every wrapper), then applies the
+(`geoparam.linen.wrappers.call`, the same code as every wrapper), then applies the
 activation and multiplies by `scale`. A GmP unit computes `scale * act(u(theta)^T x + lam)`: `u(theta)` is the unit
 direction of eq. (10), `lam` the signed distance of the activation boundary
 from the origin and `scale` the paper's `r`. With `input_mean_norm=True` the
@@ -28,7 +28,7 @@ from flax.core import meta
 import jax
 
 from geoparam import initializers
-from geoparam import wrappers
+from geoparam.linen import wrappers
 from geoparam.methods.gmp import gmp_kernel
 from geoparam.methods.gmp import paper_method
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from geoparam import wrappers
+from geoparam.linen import wrappers
 from geoparam.methods.lcw import kernel_from_v
 from geoparam.methods.lcw import v_from_kernel
 

@@ -31,7 +31,7 @@ from jax import lax
 
 from geoparam import conv
 from geoparam import kinds
-from geoparam import transform
+from geoparam.linen import transform
 from geoparam.selection import name as _name
 
 __all__ = [

@@ -47,7 +47,7 @@ def test_nothing_the_nnx_shell_imports_imports_flax_linen():
   bad = {m: sorted(i for i in imports if i.startswith('flax.linen') or i == 'flax.linen')
          for m, imports in reached.items()}
   assert not {m: i for m, i in bad.items() if i}, bad
-  assert not any('geoparam.wrappers' in i or 'geoparam.transform' in i
+  assert not any('geoparam.linen.wrappers' in i or 'geoparam.linen.transform' in i
                  for i in reached.values())
 
 

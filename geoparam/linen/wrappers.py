@@ -30,7 +30,7 @@ A method with IMN (`gmp_imn`, or any `methods.with_imn(m)`) centres the layer's
 input (`geoparam.methods.run.forward`); the running mean is in
 `batch_stats/.../input_mean_norm/mean`.
 
-The whole-model transform (`geoparam.transform`) runs the same `call` with the
+The whole-model transform (`geoparam.linen.transform`) runs the same `call` with the
 original layer as the holder, so the variables sit at the layer's own path.
 """
 
@@ -162,12 +162,13 @@ def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
   A 3x3 'SAME' conv of ones: a corner window holds 4 pixels, an edge one 6, the interior 9.
 
     >>> import jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> b = geoparam.wrappers.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)), jnp.ones(1),
-    ...                            (8, 4, 4, 1))
+    >>> b = geoparam.linen.wrappers.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)),
+    ...                                      jnp.ones(1), (8, 4, 4, 1))
     >>> b.shape, b[..., 0].tolist()[:2]
     ((4, 4, 1), [[4.0, 6.0, 6.0, 4.0], [6.0, 9.0, 9.0, 6.0]])
-    >>> geoparam.wrappers.imn_bias(nn.Conv(1, (3, 3), padding='CIRCULAR'), jnp.ones((3, 3, 1, 1)),
-    ...                        jnp.ones(1), (8, 4, 4, 1))  # no zeros padded: one bias
+    >>> circular = nn.Conv(1, (3, 3), padding='CIRCULAR')  # no zeros padded: one bias
+    >>> geoparam.linen.wrappers.imn_bias(circular, jnp.ones((3, 3, 1, 1)), jnp.ones(1),
+    ...                                  (8, 4, 4, 1))
     Array([9.], dtype=float32)
   """
   num_spatial = kernel.ndim - 2
@@ -403,7 +404,7 @@ class PaperForm(nn.Module):
   `_OPTIONS` read off the fields).
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> class WNDense(geoparam.wrappers.PaperForm, nn.Dense):
+    >>> class WNDense(geoparam.linen.wrappers.PaperForm, nn.Dense):
     ...   _METHOD = 'wn'
     >>> params = WNDense(4).init(jax.random.key(0), jnp.ones((1, 3)))['params']
     >>> jax.tree.map(jnp.shape, params)
