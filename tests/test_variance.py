@@ -10,8 +10,8 @@ import pytest
 from experiments.lib import plotting
 from geoparam import methods
 from geoparam import variance
-from geoparam.baselines import CWNDense
-from geoparam.linear_constrained import LCWConv, LCWDense, kernel_from_v, v_from_kernel
+from geoparam.linen.layers import CWNDense, LCWConv, LCWDense
+from geoparam.methods.lcw import kernel_from_v, v_from_kernel
 
 
 def numpy_params(model, x, seed=0, scale=1.0):
@@ -140,7 +140,7 @@ class Mixed(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    from geoparam.gmp import GmPDense  # pylint: disable=g-import-not-at-top
+    from geoparam.linen.layers import GmPDense  # pylint: disable=g-import-not-at-top
     x = nn.relu(LCWConv(4, (3, 3))(x))
     x = nn.relu(nn.Conv(3, (2, 2), padding='VALID')(x))
     x = x.reshape(x.shape[0], -1)

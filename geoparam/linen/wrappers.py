@@ -54,7 +54,6 @@ from geoparam import methods
 from geoparam import selection
 from geoparam.methods import run
 from geoparam.methods.gmp import check_imn_switch
-from geoparam.linen.layers import InputMeanNorm
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'call', 'add_bias', 'layer_ops',
            'run_layer', 'plain', 'tap_mask', 'imn_bias']
@@ -348,6 +347,8 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
     method = method._replace(imn=None)  # evaluation: the empty output, as the plain layer's
   input_mean = None
   if method.imn is not None:
+    # imported here: geoparam.linen.layers imports this module (its layers are PaperForms)
+    from geoparam.linen.layers import InputMeanNorm  # pylint: disable=g-import-not-at-top
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
