@@ -6,7 +6,9 @@
 * `geoparam.linen.wrappers`: one wrapper over any method, `Reparam(layer, method)`, and `GmP`,
   `LCW`, `CWN`, `WN`;
 * `geoparam.linen.transform`: the whole-model transform (`reparameterize`,
-  `to_reparameterized`, `bake`).
+  `to_reparameterized`, `bake`);
+* `geoparam.linen.variance`: the minibatch-based initialization and the per-layer variance
+  analysis of a linen model.
 
 Users import these names from `geoparam` (`geoparam.GmPDense`, `geoparam.reparameterize`, ...).
 The NNX shell is `geoparam.nnx`; both run the framework-neutral core (`geoparam.methods`, ...).
@@ -14,6 +16,7 @@ The NNX shell is `geoparam.nnx`; both run the framework-neutral core (`geoparam.
 
 from geoparam.linen import layers
 from geoparam.linen import transform
+from geoparam.linen import variance
 from geoparam.linen import wrappers
 
-__all__ = ['layers', 'transform', 'wrappers']
+__all__ = ['layers', 'transform', 'variance', 'wrappers']

@@ -383,7 +383,7 @@ def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs
 class _Wrapper(nn.Module):
   """A layer run with the kernel and bias of a method (`get_method`); fields in subclasses."""
 
-  reparameterized = True  # a reparameterized layer (`geoparam.variance` reads its method)
+  reparameterized = True  # a reparameterized layer (`geoparam.linen.variance` reads its method)
 
   def get_method(self) -> methods.Method:
     raise NotImplementedError
