@@ -10,7 +10,8 @@
 * `geoparam.linen.variance`: the minibatch-based initialization and the per-layer variance
   analysis of a linen model.
 
-Users import these names from `geoparam` (`geoparam.GmPDense`, `geoparam.reparameterize`, ...).
+Users import these names from `geoparam` (`geoparam.GmPDense`, `geoparam.reparameterize`, ...),
+which imports this package on their first use: `import geoparam.nnx` does not load it.
 The NNX shell is `geoparam.nnx`; both run the framework-neutral core (`geoparam.methods`, ...).
 """
 
