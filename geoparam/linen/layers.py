@@ -21,6 +21,7 @@ input is centred first (IMN, eq. 16; `geoparam.methods.run.forward`). Running
 mean in `batch_stats/input_mean_norm/mean`.
 
 Parameters (collection `params`):
+
   theta: `(fan_in - 1, features)`, fan-in first like a Flax kernel.
   lam:   `(features,)`.
   scale: `(features,)`.
