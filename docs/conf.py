@@ -7,9 +7,9 @@ Build (from the repository root, with the `docs` extra installed):
 Markdown pages (MyST) and the notebooks of `colabs/` (rendered, not executed:
 tests/test_colabs.py executes them) are the guides; the API reference is generated
 from the docstrings by autosummary over the public lists of names (`__all__` of
-`geoparam`, `geoparam.nnx`, `geoparam.methods` and of every public submodule they
-name), so it follows the modules as they change. A public name without a docstring
-and a broken cross-reference are warnings, and `-W` makes them errors.
+`geoparam`, `geoparam.linen`, `geoparam.nnx`, `geoparam.methods` and of every public
+submodule they name), so it follows the modules as they change. A public name without a
+docstring and a broken cross-reference are warnings, and `-W` makes them errors.
 """
 
 import inspect
@@ -82,7 +82,8 @@ html_theme_options = {
 # ---------------------------------------------------------------------------
 # The API reference: one page per public module, generated here from `__all__`.
 
-API_ROOTS = ('geoparam', 'geoparam.nnx', 'geoparam.methods', 'geoparam.methods.run')
+API_ROOTS = ('geoparam', 'geoparam.linen', 'geoparam.nnx', 'geoparam.methods',
+             'geoparam.methods.run')
 API_DIR = os.path.join(DOCS, 'api')
 
 

@@ -1,8 +1,13 @@
 """geoparam: geometric parameterization (GmP), IMN, LCW and characteristic activation analysis.
 
 The public API is re-exported here; submodules hold the pure functions
-(`geoparam.hyperspherical`, `geoparam.lcw`, `geoparam.convert`, ...).
+(`geoparam.hyperspherical`, `geoparam.lcw`, `geoparam.convert`, ...). The linen
+names (the layers, wrappers and whole-model transform of the linen shell,
+`geoparam.linen`) are imported on first use, so `import geoparam.nnx` loads no
+linen module of geoparam's.
 """
+
+import importlib
 
 from geoparam import analysis
 from geoparam import convert
@@ -13,33 +18,12 @@ from geoparam import lcw
 from geoparam import masks
 from geoparam import methods
 from geoparam import schedules
-from geoparam import transform
 from geoparam import variance
-from geoparam import wrappers
-from geoparam.linen.layers import PReLU
 from geoparam.activations import prelu
-from geoparam.baselines import CWNConv
-from geoparam.baselines import CWNDense
-from geoparam.baselines import StandardizationLayer
-from geoparam.gmp import GmPConv
-from geoparam.gmp import GmPDense
-from geoparam.gmp import gmp_kernel
 from geoparam.he_init import he_normal
 from geoparam.he_init import he_uniform
-from geoparam.linear_constrained import LCWConv
-from geoparam.linear_constrained import LCWDense
 from geoparam.masks import decay_mask
-from geoparam.transform import Reparameterized
-from geoparam.transform import bake
-from geoparam.transform import reparameterize
-from geoparam.transform import to_reparameterized
-from geoparam.wrappers import CWN
-from geoparam.wrappers import GmP
-from geoparam.wrappers import LCW
-from geoparam.wrappers import Reparam
-from geoparam.wrappers import WN
-from geoparam.linen.layers import InputMeanNorm
-from geoparam.linen.layers import MeanOnlyBatchNorm
+from geoparam.methods.gmp import gmp_kernel
 
 __version__ = '0.1.0'
 
@@ -81,3 +65,33 @@ __all__ = [
   'variance',
   'wrappers',
 ]
+
+
+# The linen shell's names, by their module in `geoparam.linen`, imported by `__getattr__`
+# (PEP 562) when first used; so are the modules named here (`geoparam.transform` is
+# `geoparam.linen.transform`).
+_LINEN = {
+    **dict.fromkeys(('CWNConv', 'CWNDense', 'GmPConv', 'GmPDense', 'InputMeanNorm', 'LCWConv',
+                     'LCWDense', 'MeanOnlyBatchNorm', 'PReLU', 'StandardizationLayer'), 'layers'),
+    **dict.fromkeys(('Reparameterized', 'bake', 'reparameterize', 'to_reparameterized'),
+                    'transform'),
+    **dict.fromkeys(('CWN', 'GmP', 'LCW', 'Reparam', 'WN'), 'wrappers'),
+}
+_LINEN_MODULES = {'linen': 'geoparam.linen', 'transform': 'geoparam.linen.transform',
+                  'wrappers': 'geoparam.linen.wrappers'}
+
+
+def __getattr__(name):
+  """A linen name (or module), imported from `geoparam.linen` on its first use."""
+  if name in _LINEN:
+    value = getattr(importlib.import_module(f'geoparam.linen.{_LINEN[name]}'), name)
+  elif name in _LINEN_MODULES:
+    value = importlib.import_module(_LINEN_MODULES[name])
+  else:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__) | set(_LINEN_MODULES))

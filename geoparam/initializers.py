@@ -16,12 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from geoparam import hyperspherical
-# He initialization (paper 001) is defined in geoparam.he_init and re-exported here,
-# so every initializer can be imported from this module.
-from geoparam.he_init import he_normal
-from geoparam.he_init import he_uniform
 
-__all__ = ['sphere_uniform', 'rademacher', 'glorot_norm', 'he_normal', 'he_uniform']
+__all__ = ['sphere_uniform', 'rademacher', 'glorot_norm']
 
 
 def sphere_uniform():

@@ -167,11 +167,12 @@ def kind_of(layer, name: str, shell: Shell | None = None) -> Kind:
   `shell`'s framework.
 
     >>> import flax.linen as nn
+    >>> import geoparam.linen  # the linen shell registers nn.Dense, nn.Conv, ...
     >>> kind_of(nn.Dense(3), 'layer').name
     'Dense'
     >>> kind_of(nn.Embed(3, 4), 'layer')  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    TypeError: layer cannot be reparameterized: accepted layer types are nn.Dense, nn.Conv, ...
+    TypeError: layer cannot be reparameterized: accepted layer types are ...nn.Dense, nn.Conv, ...
   """
   if shell is not None and not isinstance(layer, shell.base):
     raise TypeError(f'{name}: takes {shell.label}, got a {type(layer).__module__}.'

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from geoparam.baselines import CWNConv, CWNDense, StandardizationLayer, centered_weight_norm
+from geoparam.linen.layers import CWNConv, CWNDense, StandardizationLayer
+from geoparam.methods.cwn import centered_weight_norm
 
 
 @pytest.fixture

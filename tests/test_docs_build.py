@@ -47,7 +47,7 @@ def test_the_site_builds_with_warnings_as_errors(site):
 
 def test_every_public_name_has_an_api_entry(site):
   import geoparam  # pylint: disable=g-import-not-at-top
-  modules, queue = [], ['geoparam', 'geoparam.nnx', 'geoparam.methods']
+  modules, queue = [], ['geoparam', 'geoparam.linen', 'geoparam.nnx', 'geoparam.methods']
   while queue:
     name = queue.pop(0)
     if name in modules:
@@ -61,7 +61,7 @@ def test_every_public_name_has_an_api_entry(site):
         queue.append(obj.__name__)
       else:
         assert f'id="{name}.{attr}"' in page, f'{name}.{attr} has no entry in api/{name}.html'
-  assert 'geoparam.transform' in modules and len(modules) > 10, modules
+  assert 'geoparam.linen.transform' in modules and len(modules) > 10, modules
   del geoparam
 
 

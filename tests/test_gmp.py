@@ -1,4 +1,4 @@
-"""Tests for geoparam.gmp: GmPDense and GmPConv against float64 numpy references and nn.Conv."""
+"""Tests for GmPDense and GmPConv (linen.layers) against float64 numpy references and nn.Conv."""
 
 import functools
 import itertools
@@ -12,7 +12,7 @@ import pytest
 
 import geoparam
 from geoparam import hyperspherical as hs
-from geoparam.gmp import gmp_kernel
+from geoparam.methods.gmp import gmp_kernel
 from tests.conftest import ref_directions
 
 vmapped = jax.jit(jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1))

@@ -63,7 +63,7 @@ def test_conv_imn_subtracts_before_padding():
 
 
 # ----------------------------------------------------------------------------- conv IMN (issue 17)
-# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.wrappers.imn_bias`), never a pass over x: equal to
+# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.linen.wrappers.imn_bias`), never a pass over x: equal to
 # the explicit subtraction for every padding (zeros padded or not), stride, dilation, group count
 # and number of spatial dims, in training (batch mean, its gradient into x) and evaluation.
 
@@ -196,10 +196,10 @@ def test_imn_bias_is_per_position_exactly_where_zeros_are_padded(x64, i):
   case = IMN_CONV_CASES[i]
   x = _conv_input(case)
   layer = nn.Conv(4, param_dtype=jnp.float64, **case)
-  kernel = jax.random.normal(jax.random.key(2), geoparam.wrappers.layout_of(
+  kernel = jax.random.normal(jax.random.key(2), geoparam.linen.wrappers.layout_of(
       layer, x.shape, 'conv').kernel_shape, jnp.float64)
   mean = jnp.arange(1.0, 5.0)
-  bias = geoparam.wrappers.imn_bias(layer, kernel, mean, x.shape)
+  bias = geoparam.linen.wrappers.imn_bias(layer, kernel, mean, x.shape)
   # conv of the constant image itself (batch 1), the definition.
   want = layer.apply({'params': {'kernel': kernel, 'bias': jnp.zeros(4)}},
                      jnp.broadcast_to(mean, (1,) + x.shape[1:]))[0]

@@ -9,7 +9,7 @@ import pytest
 
 import geoparam
 from geoparam import initializers
-from geoparam.gmp import gmp_kernel
+from geoparam.methods.gmp import gmp_kernel
 
 _directions = jax.jit(jax.vmap(geoparam.hyperspherical.to_cartesian, in_axes=1, out_axes=1))
 

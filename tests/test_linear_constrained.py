@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from geoparam import lcw
-from geoparam.linear_constrained import LCWConv, LCWDense, kernel_from_v, v_from_kernel
+from geoparam.linen.layers import LCWConv, LCWDense
+from geoparam.methods.lcw import kernel_from_v, v_from_kernel
 
 
 @pytest.fixture

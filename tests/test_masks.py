@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from geoparam import PReLU
-from geoparam.linear_constrained import LCWDense
+from geoparam.linen.layers import LCWDense
 from geoparam.masks import decay_mask, decay_mask_by
 
 

@@ -10,8 +10,9 @@ import pytest
 from experiments.lib import plotting
 from geoparam import methods
 from geoparam import variance
-from geoparam.baselines import CWNDense
-from geoparam.linear_constrained import LCWConv, LCWDense, kernel_from_v, v_from_kernel
+from geoparam.linen import variance as linen_variance
+from geoparam.linen.layers import CWNDense, LCWConv, LCWDense
+from geoparam.methods.lcw import kernel_from_v, v_from_kernel
 
 
 def numpy_params(model, x, seed=0, scale=1.0):
@@ -65,7 +66,7 @@ def test_activation_shift_stripes_fig1():
   half_sq = lambda out: 0.5 * jnp.sum(out ** 2)
 
   dense = nn.Dense(100, use_bias=False)
-  (stats,) = variance.variance_analysis(
+  (stats,) = linen_variance.variance_analysis(
       dense, {'params': {'kernel': jnp.asarray(w.T, jnp.float32)}}, x, half_sq)
   z = a @ w.T
   np.testing.assert_allclose(stats.unit_means, z.mean(axis=0), rtol=1e-4, atol=1e-4)
@@ -79,7 +80,7 @@ def test_activation_shift_stripes_fig1():
 
   lcw = LCWDense(100, use_bias=False)
   v = v_from_kernel(jnp.asarray(w.T, jnp.float32))
-  (stats_lcw,) = variance.variance_analysis(lcw, {'params': {'v': v}}, x, half_sq)
+  (stats_lcw,) = linen_variance.variance_analysis(lcw, {'params': {'v': v}}, x, half_sq)
   assert stats_lcw.shift < 0.3
   z_lcw = a @ np.asarray(kernel_from_v(v), np.float64)
   np.testing.assert_allclose(stats_lcw.var, z_lcw.var(), rtol=1e-4)
@@ -114,12 +115,12 @@ def test_fig4_vanishing_gradient_without_lcw_preserved_with_lcw(tmp_path):
   results = {}
   for lcw in (False, True):
     model = SigmoidMLP(lcw)
-    variables = variance.data_dependent_init(model, numpy_params(model, x), x)
+    variables = linen_variance.data_dependent_init(model, numpy_params(model, x), x)
     pre = _capture_preactivations(model, variables, x)
     assert len(pre) == 21
     for z in pre:  # unit pre-activation variance on the batch
       assert abs(z.var() - 1.0) < 1e-3
-    stats = variance.variance_analysis(model, variables, x, loss)
+    stats = linen_variance.variance_analysis(model, variables, x, loss)
     prefix = 'LCWDense' if lcw else 'Dense'
     assert [s.name for s in stats] == [f'{prefix}_{i}' for i in range(21)]
     results['LCW' if lcw else 'plain'] = stats
@@ -140,7 +141,7 @@ class Mixed(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    from geoparam.gmp import GmPDense  # pylint: disable=g-import-not-at-top
+    from geoparam.linen.layers import GmPDense  # pylint: disable=g-import-not-at-top
     x = nn.relu(LCWConv(4, (3, 3))(x))
     x = nn.relu(nn.Conv(3, (2, 2), padding='VALID')(x))
     x = x.reshape(x.shape[0], -1)
@@ -156,8 +157,8 @@ def test_data_dependent_init_generic_and_deterministic():
   variables = numpy_params(model, x, scale=0.3)
   variables['params']['GmPDense_0']['theta'] = jnp.asarray(
       rng.uniform(0, np.pi, size=variables['params']['GmPDense_0']['theta'].shape), jnp.float32)
-  new = variance.data_dependent_init(model, variables, x)
-  again = variance.data_dependent_init(model, variables, x)
+  new = linen_variance.data_dependent_init(model, variables, x)
+  again = linen_variance.data_dependent_init(model, variables, x)
   jax.tree.map(np.testing.assert_array_equal, new, again)
   # GmP is left unchanged (identity), documented.
   jax.tree.map(np.testing.assert_array_equal, new['params']['GmPDense_0'],
@@ -165,7 +166,7 @@ def test_data_dependent_init_generic_and_deterministic():
   # Only the documented parameters moved, by one scalar per layer.
   ratio = new['params']['CWNDense_0']['scale'] / variables['params']['CWNDense_0']['scale']
   np.testing.assert_allclose(ratio, ratio[0], rtol=1e-6)
-  stats = variance.variance_analysis(model, new, x, lambda out: jnp.sum(out))
+  stats = linen_variance.variance_analysis(model, new, x, lambda out: jnp.sum(out))
   assert [s.name for s in stats] == ['LCWConv_0', 'Conv_0', 'CWNDense_0', 'Dense_0']
   for s in stats:
     assert s.var == pytest.approx(1.0, abs=1e-3)
@@ -189,13 +190,13 @@ def test_data_dependent_init_reads_the_methods_record():
   x = jnp.asarray(np.random.default_rng(2).normal(size=(32, 4)) + 0.5, jnp.float32)
   model = Wrapped()
   variables = numpy_params(model, x, scale=0.3)
-  new = variance.data_dependent_init(model, variables, x)
+  new = linen_variance.data_dependent_init(model, variables, x)
   moved = {name: [n for n in p if not np.array_equal(p[n], new['params'][name][n])]
            for name, p in variables['params'].items()}
   assert moved == {'lcw': ['v'], 'cwn': ['scale'], 'wn': ['scale'], 'gmp': [], 'wn_fixed': []}
   assert [methods.get(m).linear_in for m in ('lcw', 'cwn', 'wn', 'gmp')] == ['v', 'scale',
                                                                             'scale', None]
-  stats = variance.variance_analysis(model, new, x, lambda out: jnp.sum(out))
+  stats = linen_variance.variance_analysis(model, new, x, lambda out: jnp.sum(out))
   assert [s.name for s in stats] == ['lcw', 'cwn', 'wn']  # layers with a scaled parameter
   for s in stats:
     assert s.var == pytest.approx(1.0, abs=1e-3)
@@ -218,11 +219,11 @@ def test_data_dependent_init_of_a_whole_model_transform(method, moved):
   x = jax.random.normal(jax.random.key(0), (16, 3)) + 1.0
   rp = geoparam.reparameterize(TwoLayers(), method, exclude=['head'])
   variables = rp.init(jax.random.key(1), x)
-  new = variance.data_dependent_init(rp, variables, x)
+  new = linen_variance.data_dependent_init(rp, variables, x)
   changed = {layer: [n for n in p if not np.array_equal(p[n], new['params'][layer][n])]
              for layer, p in variables['params'].items()}
   assert changed == {'hidden': [moved] if moved else [], 'head': ['kernel']}
-  stats = {s.name: s.var for s in variance.variance_analysis(rp, new, x, jnp.sum)}
+  stats = {s.name: s.var for s in linen_variance.variance_analysis(rp, new, x, jnp.sum)}
   assert stats['head'] == pytest.approx(1.0, abs=1e-3)
   if moved:
     assert stats['hidden'] == pytest.approx(1.0, abs=1e-3)
@@ -242,7 +243,7 @@ def test_data_dependent_init_refuses_a_reparameterized_layer_it_cannot_see_as_su
   x = jax.random.normal(jax.random.key(0), (16, 3)) + 1.0
   variables = Outer().init(jax.random.key(1), x)
   with pytest.raises(ValueError, match=r"holds \['bias', 'kernel', 'scale'\], not a plain layer"):
-    variance.data_dependent_init(Outer(), variables, x)
+    linen_variance.data_dependent_init(Outer(), variables, x)
 
 
 def test_data_dependent_init_zero_variance_error():
@@ -250,7 +251,7 @@ def test_data_dependent_init_zero_variance_error():
   x = jnp.zeros((4, 2))
   variables = {'params': {'kernel': jnp.ones((2, 3)), 'bias': jnp.zeros(3)}}
   with pytest.raises(ValueError, match='zero'):
-    variance.data_dependent_init(model, variables, x)
+    linen_variance.data_dependent_init(model, variables, x)
 
 
 def test_bad_factor_arguments():

@@ -48,7 +48,7 @@ def test_cifar_lcw_smoke_on_mock_tfds_records(tmp_path):
   with mock_tfds(16):
     summary = train.train_and_evaluate(config, str(tmp_path))
   state = _check_run(summary, tmp_path, 16 // 8, 10)
-  kernel = geoparam.linear_constrained.kernel_from_v(
+  kernel = geoparam.methods.lcw.kernel_from_v(
       np.asarray(state.params['stage0_block0']['conv2']['layer']['v']))
   np.testing.assert_allclose(np.sum(kernel, axis=0), 0.0, atol=1e-5)  # LCW after training
 

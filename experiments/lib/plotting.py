@@ -66,7 +66,7 @@ def plot_variance_analysis(results, path: str) -> None:
   """Writes a PNG: per-layer pre-activation variance and gradient variance (log scale).
 
   Args:
-    results: label (e.g. 'plain', 'LCW') -> the output of `geoparam.variance.variance_analysis`
+    results: label (e.g. 'plain', 'LCW') -> the output of `geoparam.linen.variance.variance_analysis`
       (a list of its `LayerStats`).
     path: the PNG file to write.
   """

@@ -6,7 +6,7 @@ decay 1e-4 (masked with `geoparam.decay_mask`: kernels and LCW `v` only), batch
 128, 100 epochs, lr 0.1 multiplied by 0.95 after every epoch down to 0.001
 (`geoparam.schedules.per_epoch_decay`), all 50000 training images. Inits as in
 the paper: SP, LCW and BN+LCW use the minibatch-based init of Sec. 4.3
-(`geoparam.variance.data_dependent_init`: every layer rescaled so that its
+(`geoparam.linen.variance.data_dependent_init`: every layer rescaled so that its
 pre-activation has unit variance on one minibatch); WN and CWN the same
 rescaling of their gains (the variance part of Salimans & Kingma's init; the
 biases stay 0); BN, SL and SN Glorot (uniform) init. The default config is the
@@ -40,7 +40,7 @@ import numpy as np
 
 import geoparam
 from geoparam import schedules
-from geoparam import variance
+from geoparam.linen import variance
 from experiments.data import cifar_arrays
 from experiments.lib import models
 from experiments.lib import plotting

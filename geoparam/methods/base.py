@@ -129,7 +129,7 @@ class Method(NamedTuple):
       where the method has none.
     linear_in: the variable the layer's output minus its bias is linear in (LCW's
       `v`, CWN's and WN's `scale`: scaling it by `c` scales that part by `c`), which
-      `geoparam.variance.data_dependent_init` rescales. None where none is (GmP's
+      `geoparam.linen.variance.data_dependent_init` rescales. None where none is (GmP's
       `scale` scales the bias term `lam` too).
   """
   name: str

@@ -251,7 +251,7 @@ class Reparam(nnx.Module):
     dtype = getattr(layer, 'param_dtype', None) or kernel.dtype
     kernel_names = kernel.get_metadata().get('out_sharding')
     # a bias-free layer gets the method's bias term only from given params that hold it (the
-    # transform's layers whose BatchNorm is dropped), as in linen (`wrappers.call`)
+    # transform's layers whose BatchNorm is dropped), as in linen (`geoparam.linen.wrappers.call`)
     bias_names = methods.base.bias_names(method, shape)
     use_bias = kind.has_bias(layer) or (
         params is not None and bool(bias_names) and set(bias_names) <= set(params))

@@ -173,7 +173,7 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
   Returns:
     `model` (a model that is itself one layer: its wrapper, so use the return value). Raises
     ValueError naming the layer when no exact form exists (see
-    `geoparam.transform.to_reparameterized`).
+    `geoparam.linen.transform.to_reparameterized`).
   """
   method = methods.get(method, **options)  # unknown methods and options fail before any change
   if not isinstance(model, nnx.Module):

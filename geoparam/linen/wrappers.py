@@ -30,7 +30,7 @@ A method with IMN (`gmp_imn`, or any `methods.with_imn(m)`) centres the layer's
 input (`geoparam.methods.run.forward`); the running mean is in
 `batch_stats/.../input_mean_norm/mean`.
 
-The whole-model transform (`geoparam.transform`) runs the same `call` with the
+The whole-model transform (`geoparam.linen.transform`) runs the same `call` with the
 original layer as the holder, so the variables sit at the layer's own path.
 """
 
@@ -54,7 +54,6 @@ from geoparam import methods
 from geoparam import selection
 from geoparam.methods import run
 from geoparam.methods.gmp import check_imn_switch
-from geoparam.linen.layers import InputMeanNorm
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'call', 'add_bias', 'layer_ops',
            'run_layer', 'plain', 'tap_mask', 'imn_bias']
@@ -162,12 +161,13 @@ def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
   A 3x3 'SAME' conv of ones: a corner window holds 4 pixels, an edge one 6, the interior 9.
 
     >>> import jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> b = geoparam.wrappers.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)), jnp.ones(1),
-    ...                            (8, 4, 4, 1))
+    >>> b = geoparam.linen.wrappers.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)),
+    ...                                      jnp.ones(1), (8, 4, 4, 1))
     >>> b.shape, b[..., 0].tolist()[:2]
     ((4, 4, 1), [[4.0, 6.0, 6.0, 4.0], [6.0, 9.0, 9.0, 6.0]])
-    >>> geoparam.wrappers.imn_bias(nn.Conv(1, (3, 3), padding='CIRCULAR'), jnp.ones((3, 3, 1, 1)),
-    ...                        jnp.ones(1), (8, 4, 4, 1))  # no zeros padded: one bias
+    >>> circular = nn.Conv(1, (3, 3), padding='CIRCULAR')  # no zeros padded: one bias
+    >>> geoparam.linen.wrappers.imn_bias(circular, jnp.ones((3, 3, 1, 1)), jnp.ones(1),
+    ...                                  (8, 4, 4, 1))
     Array([9.], dtype=float32)
   """
   num_spatial = kernel.ndim - 2
@@ -347,6 +347,8 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
     method = method._replace(imn=None)  # evaluation: the empty output, as the plain layer's
   input_mean = None
   if method.imn is not None:
+    # imported here: geoparam.linen.layers imports this module (its layers are PaperForms)
+    from geoparam.linen.layers import InputMeanNorm  # pylint: disable=g-import-not-at-top
     imn = InputMeanNorm(use_running_average=imn_field, momentum=method.imn.momentum,
                         axis_name=method.imn.axis_name, name='input_mean_norm', parent=holder)
     input_mean = lambda flat: imn.mean(flat, use_running_average)
@@ -381,7 +383,7 @@ def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs
 class _Wrapper(nn.Module):
   """A layer run with the kernel and bias of a method (`get_method`); fields in subclasses."""
 
-  reparameterized = True  # a reparameterized layer (`geoparam.variance` reads its method)
+  reparameterized = True  # a reparameterized layer (`geoparam.linen.variance` reads its method)
 
   def get_method(self) -> methods.Method:
     raise NotImplementedError
@@ -403,7 +405,7 @@ class PaperForm(nn.Module):
   `_OPTIONS` read off the fields).
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> class WNDense(geoparam.wrappers.PaperForm, nn.Dense):
+    >>> class WNDense(geoparam.linen.wrappers.PaperForm, nn.Dense):
     ...   _METHOD = 'wn'
     >>> params = WNDense(4).init(jax.random.key(0), jnp.ones((1, 3)))['params']
     >>> jax.tree.map(jnp.shape, params)

@@ -21,7 +21,7 @@
 
 `reparameterize(model, method)` runs `model` with every selected `nn.Dense`,
 `nn.Conv` and `nn.DenseGeneral` call (several output axes too: attention's
-q/k/v/out projections) replaced by the method's wrapper (`geoparam.wrappers`),
+q/k/v/out projections) replaced by the method's wrapper (`geoparam.linen.wrappers`),
 its variables created at the layer's own path, so the variable tree keeps the
 model's names; `drop_batchnorm=True` makes the model's `nn.BatchNorm` layers the
 identity (the paper's ResNet-50 with GmP+IMN). Every layer kind of
@@ -64,7 +64,7 @@ from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
 from geoparam import selection
-from geoparam import wrappers
+from geoparam.linen import wrappers
 from geoparam.selection import name as _name
 
 __all__ = ['ReparamParamNotFoundError', 'Reparameterized', 'reparameterize', 'selected',
