@@ -66,9 +66,16 @@ def float16_converts() -> bool:
 def pytest_runtest_setup(item):
   """Skips a test's float16 parameterization where XLA cannot convert float16 (see above)."""
   params = getattr(getattr(item, 'callspec', None), 'params', {})
-  if any(str(v) in ('float16', "<class 'jax.numpy.float16'>") or v is np.float16
-         for v in params.values()) and not xla_cpu_converts_float16():
+  if any(map(_is_float16, params.values())) and not xla_cpu_converts_float16():
     pytest.skip(NO_FLOAT16)
+
+
+def _is_float16(param) -> bool:
+  """Whether a test parameter is float16 by name or type (`'float16'`, `jnp.float16`, ...)."""
+  try:
+    return isinstance(param, (str, type)) and np.dtype(param) == np.float16
+  except TypeError:  # a string or class that is no dtype
+    return False
 
 
 @pytest.fixture(params=['fold', 'subtract'])

@@ -198,8 +198,8 @@ def test_the_cifar10_cnn_through_main_writes_every_cell(tmp_path):
   # member at a time, up to float32 reassociation in the batched convolutions. Only what is stable
   # under reassociation is compared: every member's initial loss and accuracy, and the final ones
   # of the members at lr 0.1 (the grid is rate-major: rows 0-1). A member at lr 3.0 is chaotic:
-  # one reassociation gives 3.04, another 6.4e7 (AVX2 against AVX-512 hosts), and flips its
-  # divergence flag. A wrong chunking (members mixed, a rate or a key taken from another member)
+  # on an AVX2-only host it ended at 3.04 alone and 6.4e7 chunked, its divergence flag flipped
+  # (other hosts and ISAs give equal numbers). A wrong chunking (members mixed, a rate or a key taken from another member)
   # changes the initial values or the lr-0.1 members, so this still fails.
   chunked = main.run_study('robustness', str(tmp_path / 'rob_chunked'), 'smoke',
                            datasets='cifar10', data_dir=str(data_dir),
