@@ -74,7 +74,7 @@ def _is_float16(param) -> bool:
   """Whether a test parameter is float16 by name or type (`'float16'`, `jnp.float16`, ...)."""
   try:
     return isinstance(param, (str, type)) and np.dtype(param) == np.float16
-  except TypeError:  # a string or class that is no dtype
+  except (TypeError, ValueError):  # a string or class that is no dtype ('a, b' raises ValueError)
     return False
 
 
