@@ -63,7 +63,7 @@ def test_conv_imn_subtracts_before_padding():
 
 
 # ----------------------------------------------------------------------------- conv IMN (issue 17)
-# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.linen.wrappers.imn_bias`), never a pass over x: equal to
+# IMN in convs as conv(x) - conv(mu * 1) (`geoparam.conv.split`), never a pass over x: equal to
 # the explicit subtraction for every padding (zeros padded or not), stride, dilation, group count
 # and number of spatial dims, in training (batch mean, its gradient into x) and evaluation.
 
@@ -199,11 +199,15 @@ def test_imn_bias_is_per_position_exactly_where_zeros_are_padded(x64, i):
   kernel = jax.random.normal(jax.random.key(2), geoparam.linen.wrappers.layout_of(
       layer, x.shape, 'conv').kernel_shape, jnp.float64)
   mean = jnp.arange(1.0, 5.0)
-  bias = geoparam.linen.wrappers.imn_bias(layer, kernel, mean, x.shape)
+  mask = geoparam.linen.wrappers.tap_mask(layer, x.shape[1:-1])
+  flat, positions, correction = geoparam.conv.split(mask, kernel, mean, layer.precision)
+  # what IMN subtracts from conv(x): `flat` everywhere, plus `correction` at `positions`
+  bias = flat - geoparam.conv.subtract_at(jnp.zeros((1,) + mask.shape[:-1] + (4,)), positions,
+                                          correction, kernel.ndim - 2)[0]
   # conv of the constant image itself (batch 1), the definition.
   want = layer.apply({'params': {'kernel': kernel, 'bias': jnp.zeros(4)}},
                      jnp.broadcast_to(mean, (1,) + x.shape[1:]))[0]
-  assert bias.ndim == (want.ndim if IMN_CONV_PER_POSITION[i] else 1)
+  assert (positions.size > 0) == IMN_CONV_PER_POSITION[i]  # a bias per position, or one
   np.testing.assert_allclose(jnp.broadcast_to(bias, want.shape), want, rtol=1e-13, atol=1e-13)
 
 

@@ -29,6 +29,12 @@ Parameters (collection `params`):
          init; it receives no gradient (`stop_gradient`) and only its sign is
          used, so weight decay cannot flip it.
 
+    >>> import jax, jax.numpy as jnp, geoparam
+    >>> layer = geoparam.GmPConv(features=8, kernel_size=(3, 3), glorot_scale=True)
+    >>> params = layer.init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))['params']
+    >>> jax.tree.map(jnp.shape, params)
+    {'lam': (8,), 'scale': (8,), 'theta': (17, 8)}
+
 **LCW layers (paper 003 Sec. 3): Dense and Conv whose unit kernels sum to zero.**
 Each output unit's kernel (for a conv: its flattened `K_1 x ... x K_d x C_in`
 kernel) is `w = B_m v` (`geoparam.lcw.project`), with the trainable parameter
@@ -39,6 +45,10 @@ padding/stride/dilation/group semantics); `B_m` is never formed.
 `kernel_init` draws a kernel of the usual shape (so fan-based initializers see
 the real fans) and `v` is its coordinates `B_m^T w`: the initial kernel is that
 draw minus its per-unit mean.
+
+    >>> params = geoparam.LCWDense(4).init(jax.random.key(0), jnp.ones((1, 3)))['params']
+    >>> jax.tree.map(jnp.shape, params)
+    {'bias': (4,), 'v': (2, 4)}
 
 **Baselines of paper 003 next to LCW: centered weight norm (CWN), standardization layer (SL).**
 
@@ -53,20 +63,16 @@ draw minus its per-unit mean.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-import math
 from typing import Any
 
 import flax.linen as nn
-from flax.core import meta
 import jax
 import jax.numpy as jnp
 
-from geoparam import initializers
 from geoparam.activations import check_slope
 from geoparam.activations import prelu
+from geoparam import methods
 from geoparam.linen import wrappers
-from geoparam.methods.gmp import paper_method
 from geoparam.normalization import batch_mean
 from geoparam.normalization import check_floating
 from geoparam.normalization import check_momentum
@@ -77,7 +83,6 @@ __all__ = ['running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'GmPDe
            'LCWDense', 'LCWConv', 'CWNDense', 'CWNConv', 'StandardizationLayer']
 
 Array = jax.Array
-Initializer = Callable[..., jax.Array]
 
 
 # ----------------------------------------------------------------------------- IMN, MBN, PReLU
@@ -232,171 +237,15 @@ class PReLU(nn.Module):
     return prelu(inputs, slope)
 
 
-# ----------------------------------------------------------------------------- GmP, the paper form
+# ----------------------------------------------------------------------------- the paper forms
 
-class _PaperGmP(nn.Module):
-  """GmP's fields and the paper form's call, mixed into `nn.Dense`/`nn.Conv` (whose fields,
-  `kernel_init` and `bias_init` aside, the layer keeps)."""
+# GmPDense, GmPConv (`scale * act(u(theta)^T x + lam)`), LCWDense, LCWConv, CWNDense, CWNConv:
+# `nn.Dense`/`nn.Conv`'s fields and semantics, plus the options of their method
+# (`geoparam.methods.PAPER_FORMS`) as fields.
+GmPDense, GmPConv, LCWDense, LCWConv, CWNDense, CWNConv = (
+    wrappers.paper_form(name + layer.__name__, factory, layer, __name__)
+    for name, factory in methods.PAPER_FORMS.items() for layer in (nn.Dense, nn.Conv))
 
-  activation: Callable[[jax.Array], jax.Array] | None = nn.relu
-  input_mean_norm: bool = False
-  use_running_average: bool | None = None
-  momentum: float = 0.99
-  axis_name: str | None = None
-  theta_init: Initializer = initializers.sphere_uniform()
-  lam_init: Initializer = nn.initializers.zeros
-  scale_init: Initializer | None = None
-  glorot_scale: bool = False
-  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
-
-  @nn.compact
-  def __call__(self, inputs, use_running_average: bool | None = None):
-    """`scale * act(layer(inputs; u, lam))`, IMN included; the shapes of the plain layer."""
-    layer = wrappers.plain(self)
-    name = type(self).__name__
-    for field in ('kernel_init', 'bias_init'):
-      if getattr(self, field) is not getattr(type(layer), field):
-        raise TypeError(f'{name}: {field} is not used (GmP draws its own parameters): set '
-                        'theta_init, lam_init or scale_init, or wrap the plain layer with '
-                        "geoparam.GmP(layer, initialization='layer') to convert its draw.")
-    if isinstance(getattr(self, 'kernel_size', ()), int):  # one spatial dim, or a 3x3 meant?
-      raise ValueError(f'{name}: kernel_size must be a tuple of positive ints, one per spatial '
-                       f'dim, got {self.kernel_size!r}.')
-    layout = wrappers.layout_of(layer, jax.numpy.shape(inputs), name)
-    method = paper_method(self, math.prod(layout.method_shape[:-1]), name)
-    y = wrappers.call(self, method, layer, inputs, use_running_average, self.use_running_average)
-    if self.activation is not None:
-      y = self.activation(y)
-    y, scale = nn.dtypes.promote_dtype(y, meta.unbox(self.get_variable('params', 'scale')),
-                                       dtype=self.dtype)
-    return scale * y
-
-
-class GmPDense(_PaperGmP, nn.Dense):
-  """Dense layer in geometric parameterization: `scale * act(u(theta)^T x + lam)`.
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp, geoparam
-    >>> layer = geoparam.GmPDense(features=4)
-    >>> params = layer.init(jax.random.key(0), jnp.ones((2, 3)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'lam': (4,), 'scale': (4,), 'theta': (2, 4)}
-
-  Attributes:
-    features, use_bias, dtype, param_dtype, precision, dot_general: as `nn.Dense`
-      (`use_bias=False`: no `lam`; `kernel_init`/`bias_init` are not used).
-    activation: elementwise activation inside the scale (default relu); None for linear.
-    input_mean_norm: centre the inputs first (IMN); then `use_running_average`
-      is needed at call time and the running mean lives in `batch_stats`.
-    use_running_average: as `nn.BatchNorm`, only used with `input_mean_norm`.
-    momentum: running-mean decay for IMN.
-    axis_name: named axis for a cross-device IMN mean (inside shard_map/pmap),
-      as `nn.BatchNorm`.
-    theta_init: initializer of the angles (uniform directions on the sphere).
-    lam_init: initializer of `lam` (zeros).
-    scale_init: initializer of `scale` (ones when None, or see `glorot_scale`).
-    glorot_scale: when `scale_init` is None, start `scale` at the norm of a
-      Glorot-uniform weight vector, as the paper's reference code does.
-  """
-
-
-class GmPConv(_PaperGmP, nn.Conv):
-  """Convolution in geometric parameterization, any number of spatial dims.
-
-  Each output channel's flattened kernel (`prod(kernel_size) * in_features //
-  feature_group_count` entries, ordered like `nn.Conv`'s kernel) is `u(theta)`.
-  Convolution semantics (padding, strides, dilation, groups, batch dims, mask) are
-  exactly `nn.Conv`'s: the layer runs `nn.Conv` with the built kernel.
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp, geoparam
-    >>> layer = geoparam.GmPConv(features=8, kernel_size=(3, 3))
-    >>> params = layer.init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'lam': (8,), 'scale': (8,), 'theta': (17, 8)}
-
-  Attributes:
-    features, kernel_size, strides, padding, input_dilation, kernel_dilation,
-      feature_group_count, use_bias, mask, dtype, param_dtype, precision: as in `nn.Conv`.
-    (other fields): as in `GmPDense`.
-  """
-
-
-# ----------------------------------------------------------------------------- LCW
-
-class LCWDense(wrappers.PaperForm, nn.Dense):
-  """A Dense layer with linearly constrained (zero-sum) weights: `nn.Dense`'s fields and semantics.
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp
-    >>> from geoparam.linen.layers import LCWDense
-    >>> layer = LCWDense(features=4)
-    >>> params = layer.init(jax.random.key(0), jnp.ones((1, 3)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'bias': (4,), 'v': (2, 4)}
-
-  The fields are `nn.Dense`'s; `kernel_init` draws the (unconstrained) kernel
-  `(fan_in, features)` and `v` is the coordinates of its zero-sum part.
-  """
-
-  _METHOD = 'lcw'
-
-
-class LCWConv(wrappers.PaperForm, nn.Conv):
-  """A convolution (any number of spatial dims) with zero-sum kernels per output channel.
-
-  Same fields and semantics as `nn.Conv` (channels-last inputs
-  `(*batch, *spatial, in_features)`); the kernel is built from `v` and applied
-  through `nn.Conv` itself, so padding, strides, dilations and groups behave
-  exactly as there. Each output channel's `K_1 x ... x K_d x (in_features //
-  feature_group_count)` kernel sums to zero; `kernel_init` draws the unconstrained
-  kernel and `v` is the coordinates of its per-channel zero-sum part.
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp
-    >>> from geoparam.linen.layers import LCWConv
-    >>> layer = LCWConv(features=8, kernel_size=(3, 3))
-    >>> params = layer.init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'bias': (8,), 'v': (17, 8)}
-  """
-
-  _METHOD = 'lcw'
-
-
-# ----------------------------------------------------------------------------- baselines: CWN, SL
-
-class _CWN(wrappers.PaperForm):
-  """CWN's fields, mixed into `nn.Dense`/`nn.Conv`."""
-
-  scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
-  epsilon: float = 1e-12
-  _METHOD, _OPTIONS = 'cwn', ('scale_init', 'epsilon')
-
-
-class CWNDense(_CWN, nn.Dense):
-  """Dense layer with centered weight normalization: `nn.Dense`'s fields, plus CWN's.
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp
-    >>> from geoparam.linen.layers import CWNDense
-    >>> params = CWNDense(4).init(jax.random.key(0), jnp.ones((1, 3)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'bias': (4,), 'kernel': (3, 4), 'scale': (4,)}
-
-  The fields are `nn.Dense`'s, plus `scale_init` (the gain `g`'s initializer) and `epsilon`
-  (added to the squared norm before the square root).
-  """
-
-
-class CWNConv(_CWN, nn.Conv):
-  """Convolution with centered weight normalization (per output channel): `nn.Conv`'s fields and
-  semantics, plus CWN's `scale_init` and `epsilon`."""
 
 
 class StandardizationLayer(nn.Module):

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 import dataclasses
 import math
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -53,10 +54,9 @@ from geoparam import kinds
 from geoparam import methods
 from geoparam import selection
 from geoparam.methods import run
-from geoparam.methods.gmp import check_imn_switch
 
-__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'call', 'add_bias', 'layer_ops',
-           'run_layer', 'plain', 'tap_mask', 'imn_bias']
+__all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'paper_form', 'call', 'add_bias',
+           'layer_ops', 'run_layer', 'plain', 'tap_mask']
 
 Initializer = Callable[..., jax.Array]
 
@@ -134,50 +134,6 @@ def _probe(layer, kernel_size, taps):
                       param_dtype=jnp.float32, precision=lax.Precision.HIGHEST,
                       kernel_init=nn.initializers.zeros)
   return lambda kernel, ones: probe.apply({'params': {'kernel': kernel}}, ones)
-
-
-def imn_bias(layer: nn.Conv, kernel: jax.Array, mean: jax.Array,
-             inputs_shape: tuple[int, ...]) -> jax.Array:
-  """`conv(mean * 1)`: what IMN subtracts from `conv(x)`, so `conv(x - mean) = conv(x) - this`.
-
-  The conv of one constant image, exact at padded borders (for every padding,
-  stride, dilation and group count), computed from the per-tap products
-  `w_t^T mean` and `tap_mask` in `(*spatial_out) * taps * features` multiply-adds,
-  not a pass over the activations.
-
-  Args:
-    layer: the `nn.Conv` (its fields; its `mask` field, if any, applies to `kernel`).
-    kernel: `(*kernel_size, in_features // groups, features)`, as the layer uses it.
-    mean: `(in_features,)`, the mean subtracted from every input position.
-    inputs_shape: the shape of the layer's input `(*batch, *spatial_in, in_features)`.
-
-  Returns:
-    `(features,)` when every output position sees a full window of the image (no
-    zero padded or inserted: 'VALID', 'CIRCULAR', 'REFLECT', zero pads, 1x1
-    'SAME'), i.e. `w^T mean` to fold into the bias like a dense layer's; else
-    `(*spatial_out, features)`, broadcasting against the conv's output. In the
-    dtype of `kernel` and `mean` promoted, float32 at least.
-
-  A 3x3 'SAME' conv of ones: a corner window holds 4 pixels, an edge one 6, the interior 9.
-
-    >>> import jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> b = geoparam.linen.wrappers.imn_bias(nn.Conv(1, (3, 3)), jnp.ones((3, 3, 1, 1)),
-    ...                                      jnp.ones(1), (8, 4, 4, 1))
-    >>> b.shape, b[..., 0].tolist()[:2]
-    ((4, 4, 1), [[4.0, 6.0, 6.0, 4.0], [6.0, 9.0, 9.0, 6.0]])
-    >>> circular = nn.Conv(1, (3, 3), padding='CIRCULAR')  # no zeros padded: one bias
-    >>> geoparam.linen.wrappers.imn_bias(circular, jnp.ones((3, 3, 1, 1)), jnp.ones(1),
-    ...                                  (8, 4, 4, 1))
-    Array([9.], dtype=float32)
-  """
-  num_spatial = kernel.ndim - 2
-  mask = tap_mask(layer, tuple(inputs_shape[-num_spatial - 1:-1]))
-  flat, positions, correction = conv.split(mask, kernel, mean, layer.precision, layer.mask)
-  if positions.size == 0:
-    return flat
-  spatial_out = mask.shape[:-1]
-  full = jnp.broadcast_to(flat, (math.prod(spatial_out), flat.shape[-1]))
-  return full.at[positions].add(correction).reshape(spatial_out + flat.shape[-1:])
 
 
 def tap_mask(layer: nn.Conv, spatial_in) -> np.ndarray:
@@ -386,7 +342,7 @@ class _Wrapper(nn.Module):
   reparameterized = True  # a reparameterized layer (`geoparam.linen.variance` reads its method)
 
   def get_method(self) -> methods.Method:
-    raise NotImplementedError
+    return self._FACTORY(**{o: getattr(self, o) for o in methods.options_of(self._FACTORY)})
 
   @nn.compact
   def __call__(self, inputs, use_running_average: bool | None = None):
@@ -396,32 +352,7 @@ class _Wrapper(nn.Module):
     """
     kinds.kind_of(self.layer, f'{type(self).__name__} of a {type(self.layer).__name__}', SHELL)
     return call(self, self.get_method(), self.layer, inputs, use_running_average,
-                getattr(self, 'use_running_average', None))
-
-
-class PaperForm(nn.Module):
-  """Mixed in before a Flax layer class (`class LCWDense(PaperForm, nn.Dense)`): that layer's fields
-  and semantics, computing with the kernel and bias of the method `_METHOD` (its options
-  `_OPTIONS` read off the fields).
-
-    >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> class WNDense(geoparam.linen.wrappers.PaperForm, nn.Dense):
-    ...   _METHOD = 'wn'
-    >>> params = WNDense(4).init(jax.random.key(0), jnp.ones((1, 3)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'bias': (4,), 'kernel': (3, 4), 'scale': (4,)}
-  """
-
-  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
-  _METHOD, _OPTIONS = '', ()  # class attributes, not fields
-
-  def get_method(self) -> methods.Method:
-    return methods.get(self._METHOD, **{o: getattr(self, o) for o in self._OPTIONS})
-
-  @nn.compact
-  def __call__(self, inputs):
-    """The layer's output on `inputs` with its reparameterized kernel and bias."""
-    return call(self, self.get_method(), plain(self), inputs)
+                self.use_running_average)
 
 
 class Reparam(_Wrapper):
@@ -435,6 +366,14 @@ class Reparam(_Wrapper):
     >>> jax.tree.map(jnp.shape, params)
     {'bias': (4,), 'v': (2, 4)}
 
+  `GmP`, `LCW`, `CWN` and `WN` are this wrapper under their own names, the options of their
+  method (`geoparam.methods.WRAPPERS`) as fields:
+
+    >>> g = geoparam.GmP(nn.Conv(8, (3, 3)), input_mean_norm=True, momentum=0.9)
+    >>> v = g.init(jax.random.key(0), jnp.ones((1, 5, 5, 2)), use_running_average=False)
+    >>> g.get_method().name, jax.tree.map(jnp.shape, v['params'])
+    ('gmp_imn', {'lam': (8,), 'scale': (8,), 'theta': (17, 8)})
+
   Attributes:
     layer: the wrapped layer (only its fields are used; it creates no variables).
     method: a name in `geoparam.methods.REGISTRY` or a `Method`.
@@ -444,118 +383,69 @@ class Reparam(_Wrapper):
   layer: nn.Module
   method: str | methods.Method
   use_running_average: bool | None = None
-
-  def get_method(self) -> methods.Method:
-    return methods.get(self.method)
+  _FACTORY = staticmethod(methods.get)
 
 
-class GmP(_Wrapper):
-  """Geometric parameterization of any layer kind (`geoparam.kinds`) (see module docstring).
-
-  The layer sees `kernel = scale * u(theta)` and `bias = scale * lam`; follow it
-  with the activation as usual. Exact for any activation as a map of
-  `(kernel, bias)`; the paper's `scale * relu(u^T x + lam)` for relu while `scale > 0`.
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> layer = geoparam.GmP(nn.Conv(8, (3, 3)))
-    >>> params = layer.init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'lam': (8,), 'scale': (8,), 'theta': (17, 8)}
-
-  Attributes:
-    layer: the wrapped layer (only its fields are used; it creates no variables).
-    input_mean_norm: IMN; then `use_running_average` is needed (field or call).
-    use_running_average: as `nn.BatchNorm`, for IMN.
-    momentum: running-mean decay for IMN.
-    axis_name: named axis for a cross-device IMN mean (shard_map/pmap).
-    initialization: `'paper'` (sphere-uniform `u`, `lam = 0`, `scale = 1`) or
-      `'layer'` (the layer's own `kernel_init`/`bias_init` draw, converted exactly).
-    theta_init, lam_init, scale_init: override the paper's initializers.
-  """
-
-  layer: nn.Module
-  input_mean_norm: bool = False
-  use_running_average: bool | None = None
-  momentum: float = 0.99
-  axis_name: str | None = None
-  initialization: str = 'paper'
-  theta_init: Initializer | None = None
-  lam_init: Initializer | None = None
-  scale_init: Initializer | None = None
-
-  def get_method(self) -> methods.Method:
-    options = dict(initialization=self.initialization, theta_init=self.theta_init,
-                   lam_init=self.lam_init, scale_init=self.scale_init)
-    check_imn_switch('GmP', self.input_mean_norm, self.momentum)
-    if self.input_mean_norm:
-      return methods.get('gmp_imn', momentum=self.momentum, axis_name=self.axis_name, **options)
-    return methods.get('gmp', **options)
+def _fields(factory, **extra) -> dict:
+  """A class namespace declaring `factory`'s options (and `extra`) as linen fields, defaults kept,
+  and the factory that builds the method from them."""
+  fields = {**methods.options_of(factory), **extra}
+  return {'__annotations__': dict.fromkeys(fields, Any), **fields, '__module__': __name__,
+          '_FACTORY': staticmethod(factory)}
 
 
-class LCW(_Wrapper):
-  """Linearly constrained weights of any layer kind (`geoparam.kinds`): kernel `B_m v`.
+def _wrapper(name: str, factory) -> type:
+  """The wrapper class `name`: `Reparam` with `factory`'s method, its options as fields."""
+  namespace = _fields(factory, use_running_average=None)
+  namespace['__annotations__'] = {'layer': nn.Module, **namespace['__annotations__']}
+  namespace['__doc__'] = (
+      f'`Reparam(layer, method)` with the method `{factory.__module__}.{factory.__name__}(...)` '
+      f'builds from the fields: {", ".join(methods.options_of(factory)) or "none"}; and '
+      '`use_running_average` (IMN\'s switch, as `nn.BatchNorm`). Any layer kind '
+      f'(`geoparam.kinds`); variables at the wrapper\'s path.')
+  return type(name, (_Wrapper,), {'__qualname__': name, **namespace})
 
-  `v` starts as the coordinates of the layer's own `kernel_init` draw (its
-  zero-sum part); the bias is the layer's.
 
-  Example usage::
+GmP, LCW, CWN, WN = (_wrapper(n, f) for n, f in methods.WRAPPERS.items())
+
+
+class PaperForm(nn.Module):
+  """Mixed in before a Flax layer class: that layer's fields and semantics, computing with the
+  kernel and bias of the method `_FACTORY(**options)` builds from the fields (`paper_form`).
 
     >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> params = geoparam.LCW(nn.Dense(4)).init(jax.random.key(0), jnp.ones((1, 3)))['params']
-    >>> jax.tree.map(jnp.shape, params)
-    {'bias': (4,), 'v': (2, 4)}
-
-  Attributes:
-    layer: the wrapped layer (only its fields are used).
-  """
-
-  layer: nn.Module
-
-  def get_method(self) -> methods.Method:
-    return methods.get('lcw')
-
-
-class CWN(_Wrapper):
-  """Centred weight normalization of any layer kind (`geoparam.kinds`).
-
-  Example usage::
-
-    >>> import jax, jax.numpy as jnp, flax.linen as nn, geoparam
-    >>> params = geoparam.CWN(nn.Dense(4)).init(jax.random.key(0), jnp.ones((1, 3)))['params']
+    >>> wn = geoparam.methods.WRAPPERS['WN']
+    >>> WNDense = geoparam.linen.wrappers.paper_form('WNDense', wn, nn.Dense)
+    >>> params = WNDense(4, epsilon=0.0).init(jax.random.key(0), jnp.ones((1, 3)))['params']
     >>> jax.tree.map(jnp.shape, params)
     {'bias': (4,), 'kernel': (3, 4), 'scale': (4,)}
-
-  Attributes:
-    layer: the wrapped layer (only its fields are used).
-    scale_init: initializer of the gain (ones).
-    epsilon: added to the squared norm.
   """
 
-  layer: nn.Module
-  scale_init: Initializer = nn.initializers.ones
-  epsilon: float = 1e-12
+  reparameterized = True  # a reparameterized layer already: no whole-model transform's target
+  get_method = _Wrapper.get_method
 
-  def get_method(self) -> methods.Method:
-    return methods.get('cwn', scale_init=self.scale_init, epsilon=self.epsilon)
+  @nn.compact
+  def __call__(self, inputs, use_running_average: bool | None = None):
+    """The layer's output on `inputs` with its reparameterized kernel and bias (then, for the
+    paper's GmP, its activation and scale); `use_running_average`: IMN's switch."""
+    method, layer, name = self.get_method(), plain(self), type(self).__name__
+    for field in ('kernel_init', 'bias_init') if method.own_init else ():
+      if getattr(self, field) is not getattr(type(layer), field):
+        raise TypeError(f'{name}: {field} is not used (GmP draws its own parameters): set '
+                        'theta_init, lam_init or scale_init, or wrap the plain layer with '
+                        "geoparam.GmP(layer, initialization='layer') to convert its draw.")
+    return call(self, method, layer, inputs, use_running_average,
+                getattr(self, 'use_running_average', None))
 
 
-class WN(_Wrapper):
-  """Weight normalization of any layer kind (`geoparam.kinds`), variables at the layer's path.
-
-  Same formula as `nn.WeightNorm` (`scale * k / |k|` per output unit), but the
-  gain is stored as `scale (features,)` beside `kernel`, so conversion is a rename.
-
-  Attributes:
-    layer: the wrapped layer (only its fields are used).
-    scale_init: initializer of the gain (ones).
-    epsilon: added to the squared norm.
-  """
-
-  layer: nn.Module
-  scale_init: Initializer = nn.initializers.ones
-  epsilon: float = 1e-12
-
-  def get_method(self) -> methods.Method:
-    return methods.get('wn', scale_init=self.scale_init, epsilon=self.epsilon)
+def paper_form(name: str, factory, layer: type[nn.Module], module: str = __name__) -> type:
+  """The linen class `name` (of `module`): `layer`'s fields and semantics with the method
+  `factory` builds from its options, declared as further fields (and `use_running_average`
+  where it has IMN's)."""
+  extra = {'use_running_average': None} if 'input_mean_norm' in methods.options_of(factory) else {}
+  namespace = {**_fields(factory, **extra), '__module__': module}
+  namespace['__doc__'] = (
+      f'`{layer.__module__.split(".")[0]}.{layer.__name__}` computing with the kernel and bias of '
+      f'the method `{factory.__module__}.{factory.__name__}(...)` builds from the fields '
+      f'{", ".join(methods.options_of(factory)) or "(none)"}, beside the layer\'s own.')
+  return type(name, (PaperForm, layer), {'__qualname__': name, **namespace})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import inspect
+from typing import Any
 
 from geoparam.methods import base
 from geoparam.methods import cwn as _cwn
@@ -33,11 +34,17 @@ from geoparam.methods.base import Param
 from geoparam.methods.base import init
 from geoparam.methods.base import with_imn
 
-__all__ = ['Method', 'Param', 'Layer', 'IMN', 'REGISTRY', 'register', 'get', 'options_of',
+__all__ = ['Method', 'Param', 'Layer', 'IMN', 'REGISTRY', 'WRAPPERS', 'PAPER_FORMS', 'register',
+           'get', 'options_of',
            'with_imn', 'init', 'base']
 
 # Method name -> factory(**options) -> Method. The one list of method names.
 REGISTRY: dict[str, Callable[..., Method]] = {}
+# The named classes of both shells, name -> the factory whose options are the class's fields.
+# WRAPPERS wrap any layer (`geoparam.GmP(layer, input_mean_norm=True)`, `geoparam.nnx.CWN`);
+# PAPER_FORMS are a Flax layer with these fields too (`geoparam.GmPDense`, `nnx.LCWLinear`).
+WRAPPERS = {'GmP': _gmp.switched, 'LCW': _lcw.lcw, 'CWN': _cwn.cwn, 'WN': _wn.wn}
+PAPER_FORMS = {'GmP': _gmp.paper, 'LCW': _lcw.lcw, 'CWN': _cwn.cwn}
 
 
 def register(name: str, factory: Callable[..., Method], *, override: bool = False) -> None:
@@ -64,10 +71,15 @@ def _named(factory) -> str:
   return f'{getattr(factory, "__module__", "?")}.{qualname}' if qualname else repr(factory)
 
 
-def options_of(factory: Callable[..., Method]) -> list[str]:
-  """The option names a factory takes (its named parameters)."""
-  return sorted(p.name for p in inspect.signature(factory).parameters.values()
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+def options_of(factory: Callable[..., Method]) -> dict[str, Any]:
+  """`{option: default}` of a factory (its named parameters, in order; `inspect.Parameter.empty`
+  where one has no default): the fields of the shells' named classes built on it.
+
+    >>> options_of(WRAPPERS['CWN'])
+    {'scale_init': <function ones at ...>, 'epsilon': 1e-12}
+  """
+  return {p.name: p.default for p in inspect.signature(factory).parameters.values()
+          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def get(method: str | Method, **options) -> Method:
@@ -89,7 +101,7 @@ def get(method: str | Method, **options) -> Method:
     raise ValueError(f'method must be one of {tuple(REGISTRY)} or a geoparam.methods.Method, '
                      f'got {method!r}.')
   factory = REGISTRY[method]
-  accepted = options_of(factory)
+  accepted = sorted(options_of(factory))
   unknown = sorted(set(options) - set(accepted))
   if unknown:
     raise TypeError(f'method {method!r} takes the options {accepted}; got unknown {unknown}.')

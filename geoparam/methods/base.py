@@ -131,6 +131,11 @@ class Method(NamedTuple):
       `v`, CWN's and WN's `scale`: scaling it by `c` scales that part by `c`), which
       `geoparam.linen.variance.data_dependent_init` rescales. None where none is (GmP's
       `scale` scales the bias term `lam` too).
+    own_init: the variables are drawn by the method's own initializers, not from the
+      layer's `kernel_init`/`bias_init` (GmP's paper initialization).
+    after: `after(y, params) -> y`, what follows the layer's output `y` where the method is
+      not the layer with other weights (the paper form's activation and scale,
+      `geoparam.methods.gmp.paper`); None for every method that is.
   """
   name: str
   params: Callable[[Shape, Layer, Callable[[], jax.Array]], dict[str, Param]]
@@ -143,6 +148,8 @@ class Method(NamedTuple):
   gain: str | None = None
   from_kernel: Callable[[jax.Array, jax.Array, bool], dict[str, jax.Array]] | None = None
   linear_in: str | None = None
+  own_init: bool = False
+  after: Callable[[jax.Array, Params], jax.Array] | None = None
 
 
 def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:

@@ -43,7 +43,7 @@ from geoparam import normalization
 from geoparam import selection
 from geoparam.methods import base
 
-__all__ = ['gmp', 'gmp_imn', 'check_imn_switch', 'paper_method', 'INITIALIZATIONS', 'unit',
+__all__ = ['gmp', 'gmp_imn', 'switched', 'paper', 'INITIALIZATIONS', 'unit',
            'gmp_kernel', 'from_dense_traced', 'from_dense', 'to_dense', 'columns']
 
 INITIALIZATIONS = ('paper', 'layer')
@@ -293,7 +293,7 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
             for name, shape in shapes.items()}
 
   return base.Method('gmp', params, _apply, _convert, _bake, gain='scale',
-                     from_kernel=_from_kernel)
+                     from_kernel=_from_kernel, own_init=initialization == 'paper')
 
 
 def gmp_imn(momentum: float = 0.99, axis_name: str | None = None, initialization: str = 'paper',
@@ -309,35 +309,61 @@ def _unit_apply(params, kernel_shape):
   return u.reshape(kernel_shape), lam
 
 
-def check_imn_switch(name: str, input_mean_norm, momentum) -> None:
-  """The IMN switch of the GmP layers and wrappers: `input_mean_norm` a bool, and `momentum` in
-  [0, 1] with IMN or without (set without IMN it would be ignored). Raises, naming `name`.
+def switched(input_mean_norm: bool = False, momentum: float = 0.99, axis_name: str | None = None,
+             initialization: str = 'paper', theta_init=None, lam_init=None,
+             scale_init=None) -> base.Method:
+  """`gmp`, or `gmp_imn` where `input_mean_norm`: the method of the named GmP wrappers
+  (`geoparam.GmP`, `geoparam.nnx.GmP`), whose options are its arguments. `momentum` is
+  checked with IMN or without (set without IMN it would be ignored).
 
-    >>> check_imn_switch('GmP', 'yes', 0.99)
+    >>> switched().name, switched(True, 0.9).imn.momentum
+    ('gmp', 0.9)
+    >>> switched('yes')
     Traceback (most recent call last):
-    TypeError: GmP: input_mean_norm must be True or False, got 'yes'.
+    TypeError: input_mean_norm must be True or False, got 'yes'.
   """
-  selection.check_flag('input_mean_norm', input_mean_norm, name)
+  selection.check_flag('input_mean_norm', input_mean_norm)
   normalization.check_momentum(momentum)
+  if input_mean_norm:
+    return gmp_imn(momentum, axis_name, initialization, theta_init, lam_init, scale_init)
+  return gmp(initialization, theta_init, lam_init, scale_init)
 
 
-def paper_method(fields, fan_in: int, name: str = 'GmP') -> base.Method:
-  """The `gmp` method of a paper-form layer: its initializers (and IMN), computing `(u, lam)`.
+def paper(activation=jax.nn.relu, input_mean_norm: bool = False, momentum: float = 0.99,
+          axis_name: str | None = None, theta_init=initializers.sphere_uniform(),
+          lam_init=jinit.zeros, scale_init=None, glorot_scale: bool = False) -> base.Method:
+  """GmP in the paper's form, `scale * act(u(theta)^T x + lam)` (paper 002 eq. 15): the method of
+  the paper-form layers (`geoparam.GmPDense`, `geoparam.nnx.GmPLinear`, ...), whose GmP fields
+  are its arguments.
 
-  `fields`: the layer (linen or NNX) with `features`, `theta_init`, `lam_init`,
-  `scale_init`, `glorot_scale`, `input_mean_norm`, `momentum`, `axis_name`, `activation`
-  (checked here); `name` names it in errors.
+  The layer runs with `(u, lam)`; the record's `after` applies `activation` (None: linear),
+  then the scale. `scale_init` None: ones, or with `glorot_scale` the norm of a Glorot-uniform
+  draw of the layer's `(fan_in, features)` kernel, as the paper's reference code starts.
+
+    >>> import jax.numpy as jnp
+    >>> m = paper(activation=None)
+    >>> params = {'theta': jnp.zeros((1, 2)), 'lam': jnp.ones(2), 'scale': jnp.array([2., 3.])}
+    >>> m.apply(params, (2, 2))[1].tolist(), m.after(jnp.ones((1, 2)), params).tolist()
+    ([1.0, 1.0], [[2.0, 3.0]])
   """
-  check_imn_switch(name, fields.input_mean_norm, fields.momentum)
-  selection.check_flag('glorot_scale', fields.glorot_scale, name)
-  if fields.activation is not None and not callable(fields.activation):
-    raise TypeError(f'{name}: activation must be a function (e.g. jax.nn.relu) or None for linear, '
-                    f'got {fields.activation!r}.')
-  scale_init = fields.scale_init
-  if scale_init is None:
-    scale_init = initializers.glorot_norm(fan_in, fields.features) if fields.glorot_scale else (
-        jinit.ones)
-  options = dict(theta_init=fields.theta_init, lam_init=fields.lam_init, scale_init=scale_init)
-  if fields.input_mean_norm:
-    return gmp_imn(fields.momentum, fields.axis_name, **options)._replace(apply=_unit_apply)
-  return gmp(**options)._replace(apply=_unit_apply)
+  selection.check_flag('glorot_scale', glorot_scale)
+  if activation is not None and not callable(activation):
+    raise TypeError('activation must be a function (e.g. jax.nn.relu) or None for linear, got '
+                    f'{activation!r}.')
+  method = switched(input_mean_norm, momentum, axis_name, theta_init=theta_init,
+                    lam_init=lam_init, scale_init=scale_init or jinit.ones)
+  if glorot_scale and scale_init is None:
+    specs_of = method.params
+
+    def glorot_params(kernel_shape, layer, new_key):
+      specs = specs_of(kernel_shape, layer, new_key)
+      glorot = initializers.glorot_norm(base.fan_in(kernel_shape), kernel_shape[-1])
+      return {**specs, 'scale': specs['scale']._replace(init=glorot)}
+
+    method = method._replace(params=glorot_params)
+
+  def after(y, params):  # `scale * act(y)`, in y's dtype (the layer's computation's)
+    y = y if activation is None else activation(y)
+    return params['scale'].astype(y.dtype) * y
+
+  return method._replace(apply=_unit_apply, after=after)

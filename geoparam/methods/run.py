@@ -120,7 +120,8 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
       inputs flattened by `flatten_contracted` (batch mean or running mean; the
       framework keeps the running statistics).
 
-  The kernel and bias are cast to `dtype` (default: the params' dtype;
+  The method's `after` (the paper form's activation and scale) follows the layer. The kernel
+  and bias are cast to `dtype` (default: the params' dtype;
   `methods.base.layer_dtype` leaves out variables kept wider than `param_dtype`)
   after the map (which runs in float32 at least) and after IMN's fold.
 
@@ -145,21 +146,23 @@ def forward(method: Method, params, ops: LayerOps, inputs: jax.Array, kernel_sha
     mean = input_mean(flatten_contracted(inputs, axes))
     if imn_subtracts(inputs.shape, kernel_shape):
       inputs, mean = subtract_mean(inputs, mean, axes), None
+  if mean is not None and bias is None:
+    bias = jnp.zeros(kernel_shape[-1], kernel.dtype)
   if mean is None:
-    return run(cast(kernel), cast(bias), inputs)
-  bias = jnp.zeros(kernel_shape[-1], kernel.dtype) if bias is None else bias
-  if ops.tap_mask is None:  # u^T (x - mu) + b = u^T x + (b - u^T mu)
+    y = run(cast(kernel), cast(bias), inputs)
+  elif ops.tap_mask is None:  # u^T (x - mu) + b = u^T x + (b - u^T mu)
     flat = jnp.dot(mean.astype(kernel.dtype), kernel.reshape(-1, kernel_shape[-1]),
                    precision=ops.precision)
-    return run(cast(kernel), cast(bias - flat), inputs)
-  # conv(x - mu) = conv(x) - conv(mu * 1): (F,) in the bias, minus a correction at the output
-  # positions whose windows hold padded zeros (exact at the borders), then the bias.
-  num_spatial = len(kernel_shape) - 2
-  mask = ops.tap_mask(tuple(inputs.shape[-num_spatial - 1:-1]))
-  kernel = cast(kernel)
-  flat, positions, correction = conv.split(mask, kernel, mean, ops.precision, ops.kernel_mask)
-  y = conv.subtract_at(run(kernel, None, inputs), positions, correction, num_spatial)
-  return y + cast(bias - flat).astype(y.dtype)
+    y = run(cast(kernel), cast(bias - flat), inputs)
+  else:  # conv(x - mu) = conv(x) - conv(mu * 1): (F,) in the bias, minus a correction at the
+    # output positions whose windows hold padded zeros (exact at the borders), then the bias.
+    num_spatial = len(kernel_shape) - 2
+    mask = ops.tap_mask(tuple(inputs.shape[-num_spatial - 1:-1]))
+    kernel = cast(kernel)
+    flat, positions, correction = conv.split(mask, kernel, mean, ops.precision, ops.kernel_mask)
+    y = conv.subtract_at(run(kernel, None, inputs), positions, correction, num_spatial)
+    y = y + cast(bias - flat).astype(y.dtype)
+  return y if method.after is None else method.after(y, params)
 
 
 def check_examples(method, inputs_shape, name: str) -> None:

@@ -27,12 +27,11 @@ Train/eval: modules with a running mean (IMN, mean-only BN) have the attribute
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 import functools
 import itertools
-import math
 import os
 import numbers
-import types
 from typing import Any
 
 from flax import nnx
@@ -46,14 +45,11 @@ import numpy as np
 from geoparam import activations
 from geoparam import conv
 from geoparam import exact
-from geoparam import initializers
 from geoparam import kinds
 from geoparam import methods
 from geoparam import normalization
 from geoparam import selection
 from geoparam.methods import run
-from geoparam.methods.gmp import check_imn_switch
-from geoparam.methods.gmp import paper_method
 from geoparam.selection import name as _path_name
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
@@ -233,10 +229,6 @@ class Reparam(nnx.Module):
     True
   """
 
-  #: The paper form (`GmPLinear`, `GmPConv`): the scale multiplies after the activation, so the
-  #: module is not its layer with other weights; `bake` leaves it, `plain_layer` refuses.
-  scale_outside = False
-
   def __init__(self, layer: nnx.Module, method: str | methods.Method = 'gmp', *,
                rngs: nnx.Rngs | None = None, use_running_average: bool | None = False,
                params: dict[str, Any] | None = None, **options):
@@ -282,7 +274,8 @@ class Reparam(nnx.Module):
     delattr(stripped, kind.kernel)
     setattr(stripped, kind.bias, None)
     self.held_layer = _Held(stripped)  # its fields only: no variables, not a graph node
-    self.method = method
+    if not isinstance(getattr(type(self), 'method', None), property):  # a paper form's is
+      self.method = method
     self.layout = layout
     self.kernel_shape = layout.kernel_shape  # the layer's own; the method's: layout.method_shape
     self.kernel_names = tuple(kernel_names) if kernel_names else None
@@ -364,12 +357,13 @@ class Reparam(nnx.Module):
     ops = layer_ops(self.layer, self.layout, inputs.ndim, imn is not None, out_sharding)
     y = run.forward(self.method, params, ops, inputs, self.layout.method_shape,
                     input_mean if imn is not None else None, jnp.result_type(*plain))
-    return self._post(y, params), new_mean[0]
+    return y, new_mean[0]
 
-  def _post(self, y, params):
-    """What follows the layer (the paper form's activation and scale); nothing here."""
-    del params
-    return y
+  @property
+  def scale_outside(self) -> bool:
+    """The paper form (`GmPLinear`, `GmPConv`): the scale multiplies after the activation, so
+    the module is not its layer with other weights; `bake` leaves it, `plain_layer` refuses."""
+    return self.method.after is not None
 
   linen_variables = _linen_variables
 
@@ -446,162 +440,80 @@ def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), f
   return module
 
 
-class GmP(Reparam):
-  """Geometric parameterization of an NNX layer: `Reparam(layer, 'gmp')` (or `'gmp_imn'`).
-
-  Same semantics as the linen `geoparam.GmP`: the layer computes with
-  `kernel = scale * u(theta)` and `bias = scale * lam`; follow it with the
-  activation as usual. `initialization='layer'` starts from the layer's current
-  weights, converted exactly; `'paper'` (default) draws directions with `rngs`.
-  Options: `input_mean_norm`, `momentum`, `axis_name`, `initialization`,
-  `theta_init`, `lam_init`, `scale_init`. The wrapped layer's kernel sharding
-  (`out_sharding`) carries to `theta` `(None, features_axis)`, `lam`, `scale`.
-
-    >>> import jax.numpy as jnp
-    >>> from flax import nnx
-    >>> import geoparam.nnx as gnnx
-    >>> dense = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
-    >>> g = gnnx.GmP(dense, initialization='layer')
-    >>> bool(jnp.allclose(g(jnp.ones((2, 3))), dense(jnp.ones((2, 3))), atol=1e-6))
-    True
-  """
-
-  def __init__(self, layer, *, rngs=None, use_running_average=False, input_mean_norm=False,
-               momentum=0.99, axis_name=None, **options):
-    check_imn_switch('GmP', input_mean_norm, momentum)
-    if input_mean_norm:
-      options.update(momentum=momentum, axis_name=axis_name)
-    super().__init__(layer, 'gmp_imn' if input_mean_norm else 'gmp', rngs=rngs,
-                     use_running_average=use_running_average, **options)
+def _checked(name: str, factory, options) -> methods.Method:
+  """`factory(**options)`; options it does not take raise a TypeError naming `name`."""
+  unknown = sorted(set(options) - set(methods.options_of(factory)))
+  if unknown:
+    raise TypeError(f'{name} takes the options {sorted(methods.options_of(factory))}; got unknown '
+                    f'{unknown}.')
+  return factory(**options)
 
 
-class LCW(Reparam):
-  """Linearly constrained weights (kernel `B v`) of an NNX layer; `v` from its current kernel."""
+def _wrapper(name: str, factory) -> type:
+  """The NNX wrapper class `name`: `Reparam(layer, factory(**options))` (`methods.WRAPPERS`)."""
 
-  def __init__(self, layer, *, rngs=None, use_running_average=False):
-    super().__init__(layer, 'lcw', rngs=rngs, use_running_average=use_running_average)
+  def __init__(self, layer, *, rngs=None, use_running_average=False, **options):
+    Reparam.__init__(self, layer, _checked(name, factory, options), rngs=rngs,
+                     use_running_average=use_running_average)
 
-
-class CWN(Reparam):
-  """Centred weight normalization of an NNX layer (state `kernel`, `scale`, `bias`)."""
-
-  def __init__(self, layer, *, rngs=None, use_running_average=False,
-               scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
-    super().__init__(layer, 'cwn', rngs=rngs, use_running_average=use_running_average,
-                     scale_init=scale_init, epsilon=epsilon)
-
-
-class WN(Reparam):
-  """Weight normalization of an NNX layer (state `kernel`, `scale`, `bias`)."""
-
-  def __init__(self, layer, *, rngs=None, use_running_average=False,
-               scale_init=nnx.initializers.ones, epsilon: float = 1e-12):
-    super().__init__(layer, 'wn', rngs=rngs, use_running_average=use_running_average,
-                     scale_init=scale_init, epsilon=epsilon)
+  doc = (f'`Reparam(layer, method, *, rngs=None, use_running_average=False)` with the method '
+         f'`{factory.__module__}.{factory.__name__}(**options)` builds from the options: '
+         f'{", ".join(methods.options_of(factory)) or "none"}. Same semantics as the linen '
+         f'`geoparam.{name}`.')
+  return type(name, (Reparam,), dict(__init__=__init__, __doc__=doc, __module__=__name__,
+                                     __qualname__=name))
 
 
-# ----------------------------------------------------------------------------- paper-form layers
-
-class _GmPPaper(Reparam):
-  """`scale * act(u(theta)^T x + lam)`: the NNX layer `_LAYER(in_features, out_features, *args,
-  **fields)` it builds, run with GmP's paper method (kernel `u`, bias `lam`), then the
-  activation and the scale (`_post`)."""
-
-  scale_outside = True
-
-  def __init__(self, in_features: int, out_features: int, *args, rngs: nnx.Rngs,
-               use_running_average: bool | None = False, activation=jax.nn.relu,
-               input_mean_norm: bool = False, momentum: float = 0.99, axis_name=None,
-               theta_init=initializers.sphere_uniform(), lam_init=nnx.initializers.zeros,
-               scale_init=None, glorot_scale: bool = False, **fields):
-    name = type(self).__name__
-    _check_positive(name, in_features=in_features, out_features=out_features)
-    # lam: the paper's unit has a bias; the kernel is not read (the method draws u)
-    layer = self._LAYER(in_features, out_features, *args, use_bias=True,
-                        kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(0), **fields)
-    paper = types.SimpleNamespace(
-        features=out_features, input_mean_norm=input_mean_norm, momentum=momentum,
-        axis_name=axis_name, theta_init=theta_init, lam_init=lam_init, scale_init=scale_init,
-        glorot_scale=glorot_scale, activation=activation)
-    method = paper_method(paper, math.prod(layer.kernel.shape[:-1]), name)
-    super().__init__(layer, method, rngs=rngs, use_running_average=use_running_average)
-    self.activation, self.dtype = activation, layer.dtype
-    self.in_features, self.out_features = in_features, out_features
-    if hasattr(layer, 'kernel_size'):
-      self.kernel_size = layer.kernel_size
-
-  def _post(self, y, params):
-    if self.activation is not None:
-      y = self.activation(y)
-    y, scale = nnx.nn.dtypes.promote_dtype((y, params['scale']), dtype=self.dtype)
-    return scale * y
+GmP, LCW, CWN, WN = (_wrapper(n, f) for n, f in methods.WRAPPERS.items())
 
 
-class GmPLinear(_GmPPaper):
-  """`scale * act(u(theta)^T x + lam)`: `geoparam.GmPDense` as a native NNX module.
-
-  `GmPLinear(in_features, out_features, *, rngs, **fields)`; fields as
-  `geoparam.GmPDense` (`activation`, `input_mean_norm`, `momentum`, `axis_name`,
-  `theta_init`, `lam_init`, `scale_init`, `glorot_scale`) and those of
-  `nnx.Linear` (`dtype`, `param_dtype`, `precision`, ...). State:
-  `theta (in_features - 1, out_features)`, `lam`, `scale` (+ `sign` at
-  in_features 1), and with IMN `input_mean_norm['mean']`.
-  """
-  _LAYER = nnx.Linear
-
-
-class GmPConv(_GmPPaper):
-  """`geoparam.GmPConv` as a native NNX module: `GmPConv(in, out, kernel_size, strides, *, rngs)`.
-
-  Fields as `GmPLinear`, and those of `nnx.Conv` (`padding`, `input_dilation`,
-  `kernel_dilation`, `feature_group_count`, ...).
-  """
-  _LAYER = nnx.Conv
-
-
-class _Constrained(Reparam):
-  """A method (`_METHOD`, with `options`) around the NNX layer `_LAYER(in_features, out_features,
-  *args, **fields)`: the paper-form LCW/CWN classes, with the Flax layer's own fields."""
+class _PaperForm(Reparam):
+  """The NNX layer `_LAYER(in_features, out_features, *args, **fields)` run with the method
+  `_FACTORY` builds from its options, kept as attributes (`method` follows them)."""
 
   def __init__(self, in_features: int, out_features: int, *args, rngs: nnx.Rngs | None = None,
-               **fields):
-    options = {k: fields.pop(k) for k in self._OPTIONS if k in fields}
-    _check_positive(type(self).__name__, in_features=in_features, out_features=out_features)
+               use_running_average: bool | None = False, **fields):
+    name, options = type(self).__name__, methods.options_of(self._FACTORY)
+    _check_positive(name, in_features=in_features, out_features=out_features)
     if rngs is None:  # (a fixed key would start every layer of one shape from the same weights)
-      raise TypeError(f'{type(self).__name__}: pass rngs=nnx.Rngs(...) (as {self._LAYER.__name__} '
-                      'needs): its kernel_init draws the initial weights.')
-    layer = self._LAYER(in_features, out_features, *args, rngs=rngs, **fields)
-    super().__init__(layer, self._METHOD, **options)
+      raise TypeError(f'{name}: pass rngs=nnx.Rngs(...) (as {self._LAYER.__name__} needs): it '
+                      'draws the initial weights.')
+    for option in options:
+      setattr(self, option, fields.pop(option, options[option]))
+    own = self.method.own_init
+    if own and {'kernel_init', 'bias_init'} & set(fields):
+      raise TypeError(f'{name}: kernel_init and bias_init are not used (GmP draws its own '
+                      'parameters): set theta_init, lam_init or scale_init.')
+    # the method's own draw reads no kernel: the layer's is zeros, from a key of its own
+    layer = self._LAYER(in_features, out_features, *args, rngs=nnx.Rngs(0) if own else rngs,
+                        **({'kernel_init': nnx.initializers.zeros} if own else {}), **fields)
+    super().__init__(layer, self.method, rngs=rngs, use_running_average=use_running_average)
     self.in_features, self.out_features = in_features, out_features
 
-
-class LCWLinear(_Constrained):
-  """`geoparam.LCWDense` (kernel `B v`, columns sum to zero) as an NNX module; state `v`, `bias`.
-
-  `LCWLinear(in_features, out_features, *, rngs=None, **fields)`, `fields` those of
-  `nnx.Linear`; `v` is the coordinates of the zero-sum part of its `kernel_init` draw.
-  """
-  _LAYER, _METHOD, _OPTIONS = nnx.Linear, 'lcw', ()
-
-
-class LCWConv(_Constrained):
-  """`geoparam.LCWConv` as an NNX module: `LCWConv(in, out, kernel_size, strides=1, *, rngs=None,
-  **fields)`, `fields` those of `nnx.Conv`; state `v (fan_in - 1, out)`, `bias`."""
-  _LAYER, _METHOD, _OPTIONS = nnx.Conv, 'lcw', ()
+  @property
+  def method(self) -> methods.Method:
+    """The method its options (attributes) build now."""
+    options = {o: getattr(self, o) for o in methods.options_of(self._FACTORY)}
+    if isinstance(options.get('input_mean_norm'), Mapping):  # IMN's state: the switch is on
+      options['input_mean_norm'] = True
+    return self._FACTORY(**options)
 
 
-class CWNLinear(_Constrained):
-  """`geoparam.CWNDense` (centred weight normalization) in NNX; `kernel`, `scale`, `bias`.
+def _paper_form(name: str, factory, layer: type[nnx.Module]) -> type:
+  """The NNX class `name`: `layer`'s arguments with the method `factory` builds from options."""
+  doc = (f'`{name}(in_features, out_features, *args, rngs, use_running_average=False, '
+         f'**fields)`: `nnx.{layer.__name__}`\'s arguments and semantics, computing with the method '
+         f'`{factory.__module__}.{factory.__name__}(...)` builds from the options among the '
+         f'fields ({", ".join(methods.options_of(factory))}), kept as attributes. Same semantics as '
+         f'the linen `geoparam.{name.replace("Linear", "Dense")}`.')
+  return type(name, (_PaperForm,), dict(_LAYER=layer, _FACTORY=staticmethod(factory), __doc__=doc,
+                                        __module__=__name__, __qualname__=name))
 
-  Fields those of `nnx.Linear`, plus CWN's `scale_init` and `epsilon`.
-  """
-  _LAYER, _METHOD, _OPTIONS = nnx.Linear, 'cwn', ('scale_init', 'epsilon')
 
-
-class CWNConv(_Constrained):
-  """`geoparam.CWNConv` as an NNX module; state `kernel`, `scale`, `bias`. Fields those of
-  `nnx.Conv`, plus CWN's `scale_init` and `epsilon`."""
-  _LAYER, _METHOD, _OPTIONS = nnx.Conv, 'cwn', ('scale_init', 'epsilon')
+# GmPLinear, GmPConv (`scale * act(u(theta)^T x + lam)`), LCWLinear, LCWConv, CWNLinear, CWNConv.
+GmPLinear, GmPConv, LCWLinear, LCWConv, CWNLinear, CWNConv = (
+    _paper_form(name + layer.__name__, factory, layer)
+    for name, factory in methods.PAPER_FORMS.items() for layer in (nnx.Linear, nnx.Conv))
 
 
 # ----------------------------------------------------------------------------- per-feature modules
