@@ -232,7 +232,7 @@ def test_the_smoke_run_through_main_writes_results_figures_and_claims(tmp_path, 
   c = _config()
   _check_run(tmp_path / 'lm', out, ['sp', 'sp_qk', 'gmp'], c.widths, c.learning_rates)
   # Training moved the loss: the best cell is well below the loss at init.
-  a = out['summary']['analysis']['sp'][c.widths[0]]
+  a = out['summary']['analysis']['sp'][str(c.widths[0])]  # results.json's keys
   cell = out['cells'][0]
   assert a['best_loss'] < cell['val_loss_init'] - 1.0
 

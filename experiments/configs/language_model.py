@@ -10,8 +10,7 @@ the rates and seeds of one (method, width) train in one compiled, vmapped call. 
 and claims: `experiments/studies/language_model.py`.
 
 Default (5 methods, widths 32 and 64, depth 2, 10 rates 1e-4..3, 2 seeds, 200 steps of 8 x 64
-bytes; minutes on 2
-CPU cores):
+bytes; minutes on 2 CPU cores):
 
   python -m experiments.main --config=experiments/configs/language_model.py \
       --workdir=/tmp/lm --config.data_dir=../shared/data
@@ -86,6 +85,7 @@ def get_config(arg=None):
     c.methods = 'sp,sp_qk,gmp'
     c.widths = (16, 32)
     c.depth = 1
+    c.head_dim = 16
     c.learning_rates = (1e-3, 3e-2, 1.0)
     c.num_seeds = 1
     c.num_steps = 30

@@ -425,6 +425,9 @@ def make_train(graphdef, eval_graphdef, c, train_data, val_data):
   """`train(params, rest, lr, key) -> dict` of one member (see `train_cells`): pure, so it
   vmaps over members."""
   def loss_fn(params, rest, tokens):
+    # Fresh Variables at this trace level: IMN writes its running mean into `rest`'s BatchStat
+    # in training mode, and NNX refuses to mutate a Variable made outside `jax.grad`.
+    rest = jax.tree.map(lambda x: x, rest)
     model = nnx.merge(graphdef, params, rest)
     logits, probe = model(tokens[:, :-1])
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
@@ -567,6 +570,10 @@ def analyze(cells: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str, A
   return out
 
 
+def _seeds(n: int) -> str:
+  return f'{n} seed' + ('s' if n != 1 else ' (no s.e.)')
+
+
 def _fmt(v) -> str:
   return f'{v:.4g}'
 
@@ -679,7 +686,7 @@ def plot(cells, analysis, methods, widths, rates, n, workdir) -> list[str]:
   ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
   figures.append(plotting.save(
       fig, workdir, 'lr_sweep.png',
-      title=f'Validation loss against the learning rate (mean +- s.e. over {n} seeds)'))
+      title=f'Validation loss against the learning rate (mean +- s.e. over {_seeds(n)})'))
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
   for m in methods:
@@ -694,7 +701,7 @@ def plot(cells, analysis, methods, widths, rates, n, workdir) -> list[str]:
   ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
   figures.append(plotting.save(
       fig, workdir, 'lr_sensitivity.png',
-      title=f'LR sensitivity (Wortsman et al.) of the validation loss, {n} seeds per cell',
+      title=f'LR sensitivity (Wortsman et al.) of the validation loss, {_seeds(n)} per cell',
       fontsize=9))
 
   fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1.8, 4), squeeze=False)
@@ -719,7 +726,7 @@ def plot(cells, analysis, methods, widths, rates, n, workdir) -> list[str]:
   ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
   figures.append(plotting.save(
       fig, workdir, 'attention_logits.png',
-      title=f'Max |q.k|/sqrt(d_head) over training against the rate (mean over {n} seeds)'))
+      title=f'Max |q.k|/sqrt(d_head) over training against the rate (mean over {_seeds(n)})'))
   return figures
 
 
