@@ -244,3 +244,15 @@ def test_the_smoke_run_on_another_utf8_file(tmp_path, monkeypatch):
                        methods='sp,sp_qk', widths=(16,))
   _check_run(tmp_path / 'lm', out, ['sp', 'sp_qk'], (16,), _config().learning_rates)
   assert out['summary']['corpus'] == path and out['summary']['val_bytes'] == 1000
+
+
+def test_gmp_imn_trains_in_the_vmapped_call_on_every_projection():
+  # IMN writes its running mean while training (under jax.grad inside the scan and vmap): the
+  # smoke config has no GmP+IMN, so it runs here, with where=all and rotary positions.
+  c = _config(where='all', num_steps=4, log_every=2, learning_rates=(1e-2,), positions='rotary')
+  data = np.frombuffer(_text(20000), np.uint8)
+  train, val = lm.split_corpus(data)
+  r = lm.train_cells('gmp_imn', 16, [1e-2], c, train, val)
+  assert r['val'].shape == (1, 1) and np.isfinite(r['val']).all()
+  assert r['train_curve'].shape == (1, 1, 4) and not r['diverged'].any()
+  assert r['val'][0, 0] < r['val_init'][0, 0]
