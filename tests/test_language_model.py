@@ -230,6 +230,7 @@ def test_the_smoke_run_through_main_writes_results_figures_and_claims(tmp_path, 
   monkeypatch.setenv('GEOPARAM_DATA_DIR', DATA_DIR)
   out = main.run_study('language_model', str(tmp_path / 'lm'), 'smoke')
   c = _config()
+  assert not out['runs'][('gmp', 16)]['state_change'].any()  # no BatchStat without IMN
   _check_run(tmp_path / 'lm', out, ['sp', 'sp_qk', 'gmp'], c.widths, c.learning_rates)
   # Training moved the loss: the best cell is well below the loss at init.
   a = out['summary']['analysis']['sp'][str(c.widths[0])]  # results.json's keys
@@ -256,3 +257,4 @@ def test_gmp_imn_trains_in_the_vmapped_call_on_every_projection():
   assert r['val'].shape == (1, 1) and np.isfinite(r['val']).all()
   assert r['train_curve'].shape == (1, 1, 4) and not r['diverged'].any()
   assert r['val'][0, 0] < r['val_init'][0, 0]
+  assert r['state_change'][0, 0] > 0  # IMN's running mean moved (carried through the steps)

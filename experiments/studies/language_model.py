@@ -456,7 +456,10 @@ def make_train(graphdef, eval_graphdef, c, train_data, val_data):
     # Both validation losses in one vmapped evaluation (one copy of the net to compile).
     both = jax.tree.map(lambda a, b: jnp.stack([a, b]), initial, (params, rest))
     val = jax.vmap(val_loss)(*both)
-    return dict(val_init=val[0], val=val[1], train_curve=bits, attn_logit=probe, log_z=log_z)
+    moved = [jnp.max(jnp.abs(a - b)) for a, b in zip(jax.tree.leaves(initial[1]),
+                                                     jax.tree.leaves(rest))]
+    return dict(val_init=val[0], val=val[1], train_curve=bits, attn_logit=probe, log_z=log_z,
+                state_change=jnp.max(jnp.stack(moved)) if moved else jnp.zeros(()))
 
   return train
 
@@ -472,7 +475,8 @@ def train_cells(method: str, width: int, rates: Sequence[float], c, train_data, 
                 ) -> dict[str, Any]:
   """Trains every rate for every seed in ONE compiled, vmapped call.
 
-  Returns arrays shaped `(rates, seeds)`: `val`, `val_init` (bits per byte), `train_final`,
+  Returns arrays shaped `(rates, seeds)`: `val`, `val_init` (bits per byte), `state_change`
+  (the largest change of a non-parameter variable in training: IMN's running mean), `train_final`,
   `train_init`, `nonfinite`, `diverged`, `attn_logit_init`, `attn_logit_max`, `log_z_final`,
   `log_z_max_abs`; `(rates, seeds, steps)`: `train_curve`, `attn_logit`, `log_z`; and
   `params` (the count), `seconds`, `tokens_per_second`.
