@@ -10,12 +10,14 @@ the rates and seeds of one (method, width) train in one compiled, vmapped call. 
 and claims: `experiments/studies/language_model.py`.
 
 Default (5 methods, widths 32 and 64, depth 2, 10 rates 1e-4..3, 2 seeds, 200 steps of 8 x 64
-bytes; minutes on 2 CPU cores):
+bytes; 10 compiled calls; 19.5 min wall and 12 min CPU time on 2 CPU cores shared with other
+jobs, 2026-11-28, stored in docs/results/2026-11-28-cpu-language-model):
 
   python -m experiments.main --config=experiments/configs/language_model.py \
       --workdir=/tmp/lm --config.data_dir=../shared/data
 
-`smoke`: SP, SP+qk-norm and GmP, widths 16 and 32, 3 rates, 1 seed, 30 steps (seconds):
+`smoke`: SP, SP+qk-norm and GmP, widths 16 and 32, depth 1, 3 rates, 1 seed, 30 steps, quick
+compilation (6 compiled calls; ~50 s on 2 CPU cores shared with other jobs):
 
   python -m experiments.main --config=experiments/configs/language_model.py:smoke \
       --workdir=/tmp/lm_smoke --config.data_dir=../shared/data
@@ -23,8 +25,9 @@ bytes; minutes on 2 CPU cores):
 Any UTF-8 text file (gzipped or not) instead of the default corpus:
 `--config.corpus=/path/to/file.txt`.
 
-`gpu`: widths 128 to 512, 4 layers, sequence 256, batch 64, 2000 steps, 2 seeds (an
-accelerator; tokens/s in the table):
+`gpu`: widths 128, 256 and 512, 4 layers, head size 64, sequence 128, batch 16, 2000 steps, 2
+seeds (an accelerator; about 4e16 FLOPs in all, mostly width 512; tokens/s in the table; not
+run yet, so its time is not measured):
 
   python -m experiments.main --config=experiments/configs/language_model.py:gpu \
       --workdir=/tmp/lm_gpu --config.data_dir=../shared/data
@@ -77,8 +80,8 @@ def get_config(arg=None):
     c.depth = 4
     c.head_dim = 64
     c.num_steps = 2000
-    c.batch_size = 64
-    c.seq_len = 256
+    c.batch_size = 16
+    c.seq_len = 128
     c.val_sequences = 256
     c.log_every = 50
   if arg.smoke:
