@@ -12,7 +12,7 @@ MODULES = sorted(
     ['geoparam'] + [m.name for m in pkgutil.walk_packages(geoparam.__path__, 'geoparam.')]
     + ['experiments.vision.models', 'experiments.lib.protocol', 'experiments.configs.validate',
        'experiments.lib.report', 'experiments.lib.lr_search',
-       'experiments.studies.robustness'])
+       'experiments.studies.robustness', 'experiments.studies.language_model'])
 
 
 def test_every_subpackage_is_collected():
