@@ -73,8 +73,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
 from geoparam import methods
-from geoparam import schedules
 
 __all__ = [
   'KINDS',
@@ -403,7 +403,7 @@ _TRAINABLE = {
 
 def _check_eps(eps) -> None:
   """`perturb`'s size: real numbers; where concrete, finite."""
-  if schedules.real_dtype(eps) is None:
+  if checks.real_dtype(eps) is None:
     raise TypeError(f'perturb: eps must be a real number or array (the perturbation size), got '
                     f'{eps!r:.60} of type {type(eps).__name__}.')
   if not isinstance(eps, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(eps))):
@@ -501,9 +501,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     `track.location` to `max_location_change` and `track.direction` to
     `max_angle_change`. Everything stays inside one traced scan (jit-able).
   """
-  _check_kind(kind)
-  every = schedules.check_count('every', every)
-  length = None if length is None else schedules.check_count('length', length)
+  every = checks.count('every', every, 1)
+  length = None if length is None else checks.count('length', length)
   if xs is not None:
     n = jax.tree.leaves(xs)[0].shape[0]
     if length is not None and length != n:
@@ -511,8 +510,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     length = n
   if length is None:
     raise ValueError('scan_tracked needs xs or length.')
-  if every < 1 or length % every:
-    raise ValueError(f'every={every} must be >= 1 and divide length={length}.')
+  if length % every:
+    raise ValueError(f'every={every} must divide length={length}.')
   chunks = length // every
   chunked_xs = None if xs is None else jax.tree.map(
       lambda a: a.reshape((chunks, every) + a.shape[1:]), xs)

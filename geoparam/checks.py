@@ -1,10 +1,11 @@
 """The scalar argument checks of the public entry points, in one place.
 
 Each check raises naming the argument (and its owner, `'owner: name ...'`, where
-given) and what it accepts. A value of the wrong type raises `ArgumentError`, a
-value out of range a ValueError. The public functions and layers check their
-arguments once; the pure functions below them assume checked arguments, as
-optax's do. This module imports no other geoparam module.
+given) and what it accepts: a number of the wrong type an `ArgumentError`, one
+out of range a ValueError, a flag that is no bool a TypeError. The public
+functions and layers check their arguments once; the pure functions below them
+assume checked arguments, as optax's do. This module imports no other geoparam
+module.
 
     >>> from geoparam import checks
     >>> checks.count('patience', 3), checks.real('factor', 0.5, 'in (0, 1)', lambda x: x < 1)
@@ -27,10 +28,10 @@ INT32_MAX = 2**31 - 1  # a count's largest value (counters are int32)
 
 
 class ArgumentError(TypeError, ValueError):
-  """An argument of the wrong type (a str for a number, a float for a count, ...).
+  """A number of the wrong type (a str for a real number, a float for a count, ...).
 
   A TypeError, and a ValueError too: the value is not one the argument accepts,
-  so `except ValueError` catches every bad argument these checks raise for.
+  so `except ValueError` catches every bad number these checks raise for.
   """
 
 
@@ -44,16 +45,16 @@ def _not_number(value) -> bool:
 
 
 def flag(name: str, value, owner: str | None = None, optional: bool = False) -> None:
-  """Raises an `ArgumentError` unless `value` is True or False (a numpy bool too), or None
-  where `optional`.
+  """Raises a TypeError unless `value` is True or False (a numpy bool too), or None where
+  `optional`.
 
     >>> flag('approximate_borders', 'yes', 'bake')
     Traceback (most recent call last):
-    geoparam.checks.ArgumentError: bake: approximate_borders must be True or False, got 'yes'.
+    TypeError: bake: approximate_borders must be True or False, got 'yes'.
   """
   if not (isinstance(value, (bool, np.bool_)) or (optional and value is None)):
-    raise ArgumentError(f'{_owner(owner)}{name} must be {"None, " if optional else ""}True or '
-                        f'False, got {value!r}.')
+    raise TypeError(f'{_owner(owner)}{name} must be {"None, " if optional else ""}True or False, '
+                    f'got {value!r}.')
 
 
 def count(name: str, value, least: int = 0, owner: str | None = None) -> int:

@@ -209,7 +209,7 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
     if extra:
       raise ValueError(
           f'unexpected entries {sorted(extra)} besides kernel/bias: not a plain Dense/Conv layer.')
-    return dense_to_gmp(layer['kernel'], layer.get('bias'), activation)
+    return gmp_method.from_dense(layer['kernel'], layer.get('bias'))  # activation: checked
 
   out = _walk(params, (), _is_sp, convert)
   if not converted:

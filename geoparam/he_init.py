@@ -21,17 +21,16 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from geoparam import checks
+
 __all__ = ['he_std', 'he_normal', 'he_uniform']
 
 _MODES = ('fan_in', 'fan_out')
 
 
 def _check(negative_slope: float, mode: str) -> None:
-  if mode not in _MODES:
-    raise ValueError(f"mode must be one of {_MODES} ('fan_in': forward, 'fan_out': backward), "
-                     f'got mode = {mode!r}.')
-  if not math.isfinite(negative_slope):
-    raise ValueError(f'negative_slope must be finite, got negative_slope = {negative_slope}.')
+  checks.one_of('mode', mode, _MODES)
+  checks.real('negative_slope', negative_slope)
 
 
 def he_std(shape: Sequence[int], negative_slope: float = 0.0, mode: str = 'fan_in') -> float:

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
+
 __all__ = [
   'to_cartesian',
   'to_cartesian_batched',
@@ -46,8 +48,7 @@ def _scheme(scheme: str | None) -> str:
   """The scan schedule: `sequential` on CPU, `associative` (log-depth) on GPU/TPU."""
   if scheme is None:
     return 'sequential' if jax.default_backend() == 'cpu' else 'associative'
-  if scheme not in SCHEMES:
-    raise ValueError(f'scheme must be one of {SCHEMES} or None, got {scheme!r}.')
+  checks.one_of('scheme', scheme, SCHEMES + (None,))
   return scheme
 
 

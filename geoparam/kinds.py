@@ -25,9 +25,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from geoparam import checks
+
 __all__ = ['Layout', 'Kind', 'Shell', 'register', 'of', 'kind_of', 'layout_of', 'REGISTRY',
            'DENSE', 'CONV', 'GENERAL', 'EINSUM', 'CONV_TRANSPOSE', 'einsum_layout',
-           'conv_kernel_shape', 'features_of', 'ints', 'check_units']
+           'conv_kernel_shape', 'features_of', 'ints']
 
 Shape = tuple[int, ...]
 
@@ -204,16 +206,11 @@ def ints(value) -> Shape:
 
 
 def features_of(layer) -> Shape:
-  """The output features (linen `features`, NNX `out_features`) as a tuple."""
+  """The output features (linen `features`, NNX `out_features`) as a tuple of ints, each
+  checked to be >= 1 (`geoparam.checks.count`)."""
   features = getattr(layer, 'features', None)
-  return ints(layer.out_features if features is None else features)
-
-
-def check_units(name: str, units: Sequence) -> None:
-  """Raises unless every unit axis size is an integer >= 1."""
-  for f in units:
-    if isinstance(f, bool) or not isinstance(f, numbers.Integral) or f < 1:
-      raise ValueError(f'{name} needs features >= 1 (integers), got {tuple(units)!r}.')
+  features = ints(layer.out_features if features is None else features)
+  return tuple(checks.count('features', f, 1, type(layer).__name__) for f in features)
 
 
 def _last_axis(layer, ndim: int) -> Shape:
@@ -231,7 +228,6 @@ def _dense_layout(layer, inputs_shape):
   if len(inputs_shape) < 1:
     raise ValueError('expects inputs (..., fan_in), got a scalar.')
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   return _trailing((inputs_shape[-1],) + features, 1)
 
 
@@ -252,7 +248,6 @@ def _general_layout(layer, inputs_shape):
     raise ValueError(f'one kernel per batch entry (batch_dims/batch_axis={batch!r}) cannot be '
                      'reparameterized; exclude it.')
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   axes = _general_axes(layer, len(inputs_shape))
   return _trailing(tuple(inputs_shape[a] for a in axes) + features, len(features))
 
@@ -297,7 +292,6 @@ def conv_kernel_shape(kernel_size, inputs_shape, features: int, groups: int) -> 
 
 def _conv_layout(layer, inputs_shape):
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   return _trailing(conv_kernel_shape(layer.kernel_size, inputs_shape, features[0],
                                      layer.feature_group_count), 1)
 
@@ -329,7 +323,6 @@ CONV = Kind('Conv', _conv_layout, _last_axis, _conv_example, _padding_free, taps
 
 def _conv_transpose_layout(layer, inputs_shape):
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   kernel_size = ints(layer.kernel_size)
   if len(inputs_shape) < len(kernel_size) + 1:
     raise ValueError(f'kernel_size {kernel_size} needs inputs of rank >= {len(kernel_size) + 1}, '

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
+
 __all__ = ['project', 'project_batched', 'coordinates', 'basis']
 
 
@@ -146,12 +148,10 @@ def basis(m: int, dtype=jnp.float32) -> jax.Array:
     dtype: dtype of the result, floating or complex (an integer dtype would
       truncate the entries: a TypeError).
   """
-  if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 2:
-    raise ValueError(f'basis needs an integer m >= 2, got m = {m!r}.')
+  m = checks.count('m', m, 2, 'basis')
   if not jnp.issubdtype(dtype, jnp.inexact):
     raise TypeError(f'basis needs a floating (or complex) dtype, got dtype {jnp.dtype(dtype)}: '
                     'its entries are irrational.')
-  m = int(m)
   u = np.full((m,), 1.0 / math.sqrt(m))
   u[0] += 1.0
   h = np.eye(m) - 2.0 * np.outer(u, u) / np.dot(u, u)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
+from geoparam import checks
 from geoparam import kinds
 
 __all__ = ['name', 'excluded', 'selected', 'check_selection', 'refused', 'check_where',
-           'check_flag', 'check_arguments']
+           'check_arguments']
 
 
 def name(path) -> str:
@@ -43,19 +42,6 @@ def check_where(where) -> None:
                     'plain by name use exclude=[...].')
 
 
-def check_flag(name: str, value, owner: str | None = None, optional: bool = False) -> None:
-  """Raises a TypeError naming `owner`'s argument `name` unless `value` is True or False (a
-  numpy bool too), or None where `optional`.
-
-    >>> check_flag('approximate_borders', 'yes', 'bake')
-    Traceback (most recent call last):
-    TypeError: bake: approximate_borders must be True or False, got 'yes'.
-  """
-  if not (isinstance(value, (bool, np.bool_)) or (optional and value is None)):
-    raise TypeError(f'{owner + ": " if owner else ""}{name} must be '
-                    f'{"None, " if optional else ""}True or False, got {value!r}.')
-
-
 def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
                     method=None) -> tuple[str, ...]:
   """Checks a whole-model transform's selection arguments (both shells); returns `exclude` as a
@@ -70,8 +56,8 @@ def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
     raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
                     f"exclude=['head'], got {exclude!r:.60}.")
   check_where(where)
-  check_flag('drop_batchnorm', drop_batchnorm)
-  check_flag('use_running_average', use_running_average, optional=True)
+  checks.flag('drop_batchnorm', drop_batchnorm)
+  checks.flag('use_running_average', use_running_average, optional=True)
   if use_running_average is not None and method is not None and method.imn is None:
     raise ValueError(f'use_running_average={use_running_average} switches IMN\'s running mean, '
                      f'but method {method.name!r} has no IMN: leave it out (or use a method with '

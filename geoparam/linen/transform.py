@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
 from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
@@ -553,7 +554,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     `init` where `variables` hold partitioning boxes; `variables` is not changed.
   """
   _check_args('bake', rp, variables)
-  selection.check_flag('approximate_borders', approximate_borders, 'bake')
+  checks.flag('approximate_borders', approximate_borders, 'bake')
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))

@@ -37,10 +37,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from geoparam import checks
 from geoparam import hyperspherical
 from geoparam import initializers
-from geoparam import normalization
-from geoparam import selection
 from geoparam.methods import base
 
 __all__ = ['gmp', 'gmp_imn', 'check_imn_switch', 'paper_method', 'INITIALIZATIONS', 'unit',
@@ -266,8 +265,7 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
       `'layer'` (the layer's own `kernel_init`/`bias_init` draw, converted exactly).
     theta_init, lam_init, scale_init: override the paper's initializers.
   """
-  if initialization not in INITIALIZATIONS:
-    raise ValueError(f'initialization must be one of {INITIALIZATIONS}, got {initialization!r}.')
+  checks.one_of('initialization', initialization, INITIALIZATIONS)
   if initialization == 'layer' and any(i is not None for i in (theta_init, lam_init, scale_init)):
     raise ValueError("initialization='layer' takes the layer's own kernel_init/bias_init; "
                      'do not also pass theta_init, lam_init or scale_init.')
@@ -317,8 +315,8 @@ def check_imn_switch(name: str, input_mean_norm, momentum) -> None:
     Traceback (most recent call last):
     TypeError: GmP: input_mean_norm must be True or False, got 'yes'.
   """
-  selection.check_flag('input_mean_norm', input_mean_norm, name)
-  normalization.check_momentum(momentum)
+  checks.flag('input_mean_norm', input_mean_norm, name)
+  checks.momentum(momentum)
 
 
 def paper_method(fields, fan_in: int, name: str = 'GmP') -> base.Method:
@@ -329,7 +327,7 @@ def paper_method(fields, fan_in: int, name: str = 'GmP') -> base.Method:
   (checked here); `name` names it in errors.
   """
   check_imn_switch(name, fields.input_mean_norm, fields.momentum)
-  selection.check_flag('glorot_scale', fields.glorot_scale, name)
+  checks.flag('glorot_scale', fields.glorot_scale, name)
   if fields.activation is not None and not callable(fields.activation):
     raise TypeError(f'{name}: activation must be a function (e.g. jax.nn.relu) or None for linear, '
                     f'got {fields.activation!r}.')
