@@ -21,8 +21,8 @@ import operator
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['ArgumentError', 'INT32_MAX', 'flag', 'count', 'real', 'momentum', 'one_of',
-           'real_dtype']
+__all__ = ['ArgumentError', 'INT32_MAX', 'flag', 'function', 'count', 'real', 'momentum',
+           'one_of', 'real_dtype']
 
 INT32_MAX = 2**31 - 1  # a count's largest value (counters are int32)
 
@@ -55,6 +55,20 @@ def flag(name: str, value, owner: str | None = None, optional: bool = False) -> 
   if not (isinstance(value, (bool, np.bool_)) or (optional and value is None)):
     raise TypeError(f'{_owner(owner)}{name} must be {"None, " if optional else ""}True or False, '
                     f'got {value!r}.')
+
+
+def function(name: str, value, what: str, owner: str | None = None,
+             optional: bool = False) -> None:
+  """Raises a TypeError unless `value` is callable (or None where `optional`); `what` says how
+  it is called.
+
+    >>> function('select', 3, 'a function select(path) -> bool')
+    Traceback (most recent call last):
+    TypeError: select must be a function select(path) -> bool, got 3 of type int.
+  """
+  if not (callable(value) or (optional and value is None)):
+    raise TypeError(f'{_owner(owner)}{name} must be {what}, got {value!r:.60} of type '
+                    f'{type(value).__name__}.')
 
 
 def count(name: str, value, least: int = 0, owner: str | None = None) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 import math
-import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -273,10 +272,9 @@ def conv_kernel_shape(kernel_size, inputs_shape, features: int, groups: int) -> 
   Raises a ValueError naming the bad argument for non-positive kernel sizes, inputs of too
   low rank for `kernel_size`, and a `feature_group_count` not dividing both widths.
   """
-  kernel_size = ints(kernel_size)
-  if not kernel_size or not all(isinstance(k, numbers.Integral) and k >= 1 for k in kernel_size):
-    raise ValueError(f'needs kernel_size of positive ints, one per spatial dim, got '
-                     f'{kernel_size!r}.')
+  kernel_size = tuple(checks.count('kernel_size', k, 1) for k in ints(kernel_size))
+  if not kernel_size:
+    raise ValueError('needs a kernel_size, one int per spatial dim, got ().')
   num_spatial = len(kernel_size)
   if len(inputs_shape) < num_spatial + 1:
     raise ValueError(

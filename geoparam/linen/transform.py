@@ -145,9 +145,7 @@ class Reparameterized(nn.Module):
       return lambda rp, *args, **kwargs: rp.call(name, *args, **kwargs)
     fn = method.__func__ if inspect.ismethod(method) and isinstance(method.__self__,
                                                                     nn.Module) else method
-    if not callable(fn):
-      raise TypeError(f'method must be a method name, a method or a function fn(module, *args), '
-                      f'got {method!r:.60} of type {type(method).__name__}.')
+    checks.function('method', fn, 'a method name, a method or a function fn(module, *args)')
     if getattr(Reparameterized, getattr(fn, '__name__', ''), None) is fn:
       return fn  # Reparameterized's own method: Flax passes it `rp`
     return lambda rp, *args, **kwargs: rp.call(fn, *args, **kwargs)

@@ -328,9 +328,8 @@ def paper_method(fields, fan_in: int, name: str = 'GmP') -> base.Method:
   """
   check_imn_switch(name, fields.input_mean_norm, fields.momentum)
   checks.flag('glorot_scale', fields.glorot_scale, name)
-  if fields.activation is not None and not callable(fields.activation):
-    raise TypeError(f'{name}: activation must be a function (e.g. jax.nn.relu) or None for linear, '
-                    f'got {fields.activation!r}.')
+  checks.function('activation', fields.activation, 'a function (e.g. jax.nn.relu) or None for '
+                  'linear', name, optional=True)
   scale_init = fields.scale_init
   if scale_init is None:
     scale_init = initializers.glorot_norm(fan_in, fields.features) if fields.glorot_scale else (
