@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ['ArgumentError', 'INT32_MAX', 'flag', 'function', 'count', 'real', 'momentum',
-           'one_of', 'real_dtype']
+           'one_of', 'real_dtype', 'floating']
 
 INT32_MAX = 2**31 - 1  # a count's largest value (counters are int32)
 
@@ -154,3 +154,24 @@ def real_dtype(value):
   except (TypeError, ValueError):
     return None
   return dtype if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) else None
+
+
+def floating(value, name: str, owner: str, complex_ok: bool = False):
+  """`value` as an array of a real floating dtype (also complex where `complex_ok`): integers
+  and bools become the default float, anything else (PRNG keys, strings, ...) is a TypeError
+  naming the dtype (a real map would drop a complex array's imaginary part).
+
+    >>> floating([1, 2], 'w', 'from_cartesian').dtype
+    dtype('float...')
+    >>> floating([1j], 'w', 'from_cartesian')
+    Traceback (most recent call last):
+    TypeError: from_cartesian expects w of a real floating (or integer) dtype, got w of dtype ...
+  """
+  x = jnp.asarray(value)
+  if jnp.issubdtype(x.dtype, jnp.inexact if complex_ok else jnp.floating):
+    return x
+  if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
+    return x.astype(jnp.result_type(float))
+  kinds = 'floating, complex' if complex_ok else 'real floating'
+  raise TypeError(f'{owner} expects {name} of a {kinds} (or integer) dtype, got {name} of dtype '
+                  f'{x.dtype}.')

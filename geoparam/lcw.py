@@ -30,22 +30,6 @@ from geoparam import checks
 __all__ = ['project', 'project_batched', 'coordinates', 'basis']
 
 
-def _as_float(x: jax.Array, fn: str, name: str) -> jax.Array:
-  """`x` as an inexact array: integers and bools become the default float.
-
-  Complex arrays are kept (the map is linear with a real matrix, so `B_m v` of a
-  complex `v` is well defined and keeps `sum(w) = 0`, `|w| = |v|`); anything
-  else (PRNG keys, strings, ...) is a TypeError naming the dtype.
-  """
-  x = jnp.asarray(x)
-  if jnp.issubdtype(x.dtype, jnp.inexact):
-    return x
-  if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
-    return x.astype(jnp.result_type(float))
-  raise TypeError(f'{fn} expects {name} of a floating, complex or integer dtype, got {name} of '
-                  f'dtype {x.dtype}.')
-
-
 def project(v: jax.Array) -> jax.Array:
   """Zero-sum weight vector `w = B_m v`.
 
@@ -64,7 +48,7 @@ def project(v: jax.Array) -> jax.Array:
     >>> w.shape, abs(float(w.sum())) < 1e-6, round(float(w @ w), 4)  # |w|^2 = |v|^2 = 14
     ((4,), True, 14.0)
   """
-  v = _as_float(v, 'project', 'v')
+  v = checks.floating(v, 'v', 'project', complex_ok=True)
   if v.ndim != 1 or v.shape[0] < 1:
     raise ValueError(
         f'project expects v of shape (m - 1,) with m >= 2, got shape {v.shape}; '
@@ -81,7 +65,7 @@ def project_batched(v: jax.Array) -> jax.Array:
   `in_axes=1` makes XLA build the kernel transposed and copy it (measured ~15%
   of a Dense 1024 step on CPU).
   """
-  v = _as_float(v, 'project_batched', 'v')
+  v = checks.floating(v, 'v', 'project_batched', complex_ok=True)
   if v.ndim < 1 or v.shape[0] < 1:
     raise ValueError(f'project_batched expects v of shape (m - 1, ...) with m >= 2, '
                      f'got shape {v.shape}.')
@@ -115,7 +99,7 @@ def coordinates(w: jax.Array) -> jax.Array:
   Returns:
     `v`, shape `(m - 1,)`, same dtype as `w`.
   """
-  w = _as_float(w, 'coordinates', 'w')
+  w = checks.floating(w, 'w', 'coordinates', complex_ok=True)
   if w.ndim != 1 or w.shape[0] < 2:
     raise ValueError(
         f'coordinates expects w of shape (m,) with m >= 2, got shape {w.shape}; '
