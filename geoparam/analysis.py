@@ -320,6 +320,15 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
   return _locations(params, kind, 'boundary_location')[0]
 
 
+def _pair(before, after, fn: str) -> tuple[jax.Array, jax.Array]:
+  """`before`, `after` as arrays of one shape `(features, n)`; else a ValueError naming `fn`."""
+  before, after = jnp.asarray(before), jnp.asarray(after)
+  if before.shape != after.shape or before.ndim != 2:
+    raise ValueError(f'{fn} expects two arrays of the same shape (features, n), got '
+                     f'{before.shape} and {after.shape}.')
+  return before, after
+
+
 def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> jax.Array:
   """Angle between each unit's direction before and after, eq. (12).
 
@@ -335,12 +344,7 @@ def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> 
     ValueError naming `before` or `after` and the units (concrete arrays) or gives NaN
     (traced).
   """
-  before = jnp.asarray(before)
-  after = jnp.asarray(after)
-  if before.shape != after.shape or before.ndim != 2:
-    raise ValueError(
-        f'angle_change expects two arrays of the same shape (features, n), got {before.shape} '
-        f'and {after.shape}.')
+  before, after = _pair(before, after, 'angle_change')
   na = jnp.linalg.norm(before, axis=1, keepdims=True)
   nb = jnp.linalg.norm(after, axis=1, keepdims=True)
   _refuse_zero(na[:, 0], 'angle_change', 'before', 'vector')
@@ -359,12 +363,7 @@ def location_change(before: jax.Array, after: jax.Array) -> jax.Array:
   side only moved by `+inf`; one that stays at the same infinity moved by 0; one
   without a location (NaN: a zero weight vector, traced) gives NaN.
   """
-  before = jnp.asarray(before)
-  after = jnp.asarray(after)
-  if before.shape != after.shape or before.ndim != 2:
-    raise ValueError(
-        f'location_change expects two arrays of the same shape (features, n), got {before.shape} '
-        f'and {after.shape}.')
+  before, after = _pair(before, after, 'location_change')
   diff = jnp.where(after == before, 0.0, after - before)  # inf - inf where both equal -> 0
   return jnp.sqrt(jnp.sum(diff * diff, axis=1))
 

@@ -47,6 +47,14 @@ def he_std(shape: Sequence[int], negative_slope: float = 0.0, mode: str = 'fan_i
   return math.sqrt(2.0 / ((1.0 + negative_slope**2) * fan))
 
 
+def _initializer(negative_slope: float, mode: str, draw):
+  """`init(key, shape, dtype)`: `draw(key, shape, dtype, std)` at the He std of `shape`; the
+  arguments are checked now, not at the first draw."""
+  _check(negative_slope, mode)
+  return lambda key, shape, dtype=jnp.float32: draw(key, shape, dtype,
+                                                    he_std(shape, negative_slope, mode))
+
+
 def he_normal(negative_slope: float = 0.0, mode: str = 'fan_in'):
   """Gaussian He initializer `init(key, shape, dtype)`: `N(0, 2 / ((1 + a^2) fan))`.
 
@@ -54,13 +62,8 @@ def he_normal(negative_slope: float = 0.0, mode: str = 'fan_in'):
     negative_slope: slope `a` of the following (P)ReLU; 0 for ReLU.
     mode: 'fan_in' (forward, default) or 'fan_out' (backward).
   """
-  _check(negative_slope, mode)
-
-  def init(key, shape, dtype=jnp.float32):
-    std = he_std(shape, negative_slope, mode)
-    return (std * jax.random.normal(key, shape, dtype)).astype(dtype)
-
-  return init
+  return _initializer(negative_slope, mode, lambda key, shape, dtype, std: (
+      std * jax.random.normal(key, shape, dtype)).astype(dtype))
 
 
 def he_uniform(negative_slope: float = 0.0, mode: str = 'fan_in'):
@@ -70,10 +73,5 @@ def he_uniform(negative_slope: float = 0.0, mode: str = 'fan_in'):
     negative_slope: slope `a` of the following (P)ReLU; 0 for ReLU.
     mode: 'fan_in' (forward, default) or 'fan_out' (backward).
   """
-  _check(negative_slope, mode)
-
-  def init(key, shape, dtype=jnp.float32):
-    bound = math.sqrt(3.0) * he_std(shape, negative_slope, mode)
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-  return init
+  return _initializer(negative_slope, mode, lambda key, shape, dtype, std: jax.random.uniform(
+      key, shape, dtype, -math.sqrt(3.0) * std, math.sqrt(3.0) * std))
