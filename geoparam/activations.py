@@ -8,13 +8,10 @@ slope for the layer. Slopes start at 0.25 and should not be weight-decayed
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import jax
 import jax.numpy as jnp
 
-__all__ = ['prelu', 'check_slope']
+__all__ = ['prelu']
 
 
 def prelu(x: jax.Array, negative_slope: jax.Array) -> jax.Array:
@@ -29,12 +26,3 @@ def prelu(x: jax.Array, negative_slope: jax.Array) -> jax.Array:
     and 0 w.r.t. the slope (the "otherwise" branch of paper 001).
   """
   return jnp.where(x > 0, x, negative_slope * x)
-
-
-def check_slope(negative_slope_init) -> None:
-  """Raises unless PReLU's initial slope is a finite number (a TypeError for a str or None)."""
-  if isinstance(negative_slope_init, bool) or not isinstance(negative_slope_init, numbers.Real):
-    raise TypeError(f'PReLU: negative_slope_init must be a finite number, got '
-                    f'{negative_slope_init!r}.')
-  if not math.isfinite(negative_slope_init):
-    raise ValueError(f'PReLU needs a finite negative_slope_init, got {negative_slope_init}.')

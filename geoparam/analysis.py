@@ -73,8 +73,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
 from geoparam import methods
-from geoparam import schedules
 
 __all__ = [
   'KINDS',
@@ -320,6 +320,15 @@ def boundary_location(params: Mapping[str, Any], kind: str) -> jax.Array:
   return _locations(params, kind, 'boundary_location')[0]
 
 
+def _pair(before, after, fn: str) -> tuple[jax.Array, jax.Array]:
+  """`before`, `after` as arrays of one shape `(features, n)`; else a ValueError naming `fn`."""
+  before, after = jnp.asarray(before), jnp.asarray(after)
+  if before.shape != after.shape or before.ndim != 2:
+    raise ValueError(f'{fn} expects two arrays of the same shape (features, n), got '
+                     f'{before.shape} and {after.shape}.')
+  return before, after
+
+
 def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> jax.Array:
   """Angle between each unit's direction before and after, eq. (12).
 
@@ -335,12 +344,7 @@ def angle_change(before: jax.Array, after: jax.Array, degrees: bool = False) -> 
     ValueError naming `before` or `after` and the units (concrete arrays) or gives NaN
     (traced).
   """
-  before = jnp.asarray(before)
-  after = jnp.asarray(after)
-  if before.shape != after.shape or before.ndim != 2:
-    raise ValueError(
-        f'angle_change expects two arrays of the same shape (features, n), got {before.shape} '
-        f'and {after.shape}.')
+  before, after = _pair(before, after, 'angle_change')
   na = jnp.linalg.norm(before, axis=1, keepdims=True)
   nb = jnp.linalg.norm(after, axis=1, keepdims=True)
   _refuse_zero(na[:, 0], 'angle_change', 'before', 'vector')
@@ -359,12 +363,7 @@ def location_change(before: jax.Array, after: jax.Array) -> jax.Array:
   side only moved by `+inf`; one that stays at the same infinity moved by 0; one
   without a location (NaN: a zero weight vector, traced) gives NaN.
   """
-  before = jnp.asarray(before)
-  after = jnp.asarray(after)
-  if before.shape != after.shape or before.ndim != 2:
-    raise ValueError(
-        f'location_change expects two arrays of the same shape (features, n), got {before.shape} '
-        f'and {after.shape}.')
+  before, after = _pair(before, after, 'location_change')
   diff = jnp.where(after == before, 0.0, after - before)  # inf - inf where both equal -> 0
   return jnp.sqrt(jnp.sum(diff * diff, axis=1))
 
@@ -403,7 +402,7 @@ _TRAINABLE = {
 
 def _check_eps(eps) -> None:
   """`perturb`'s size: real numbers; where concrete, finite."""
-  if schedules.real_dtype(eps) is None:
+  if checks.real_dtype(eps) is None:
     raise TypeError(f'perturb: eps must be a real number or array (the perturbation size), got '
                     f'{eps!r:.60} of type {type(eps).__name__}.')
   if not isinstance(eps, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(eps))):
@@ -501,9 +500,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     `track.location` to `max_location_change` and `track.direction` to
     `max_angle_change`. Everything stays inside one traced scan (jit-able).
   """
-  _check_kind(kind)
-  every = schedules.check_count('every', every)
-  length = None if length is None else schedules.check_count('length', length)
+  every = checks.count('every', every, 1)
+  length = None if length is None else checks.count('length', length)
   if xs is not None:
     n = jax.tree.leaves(xs)[0].shape[0]
     if length is not None and length != n:
@@ -511,8 +509,8 @@ def scan_tracked(step: Callable, carry, xs=None, length: int | None = None, *,
     length = n
   if length is None:
     raise ValueError('scan_tracked needs xs or length.')
-  if every < 1 or length % every:
-    raise ValueError(f'every={every} must be >= 1 and divide length={length}.')
+  if length % every:
+    raise ValueError(f'every={every} must divide length={length}.')
   chunks = length // every
   chunked_xs = None if xs is None else jax.tree.map(
       lambda a: a.reshape((chunks, every) + a.shape[1:]), xs)

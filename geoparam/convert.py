@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from geoparam import checks
 from geoparam.methods import gmp as gmp_method
 
 __all__ = ['dense_to_gmp', 'gmp_to_dense', 'sp_to_gmp', 'gmp_to_sp', 'HOMOGENEOUS']
@@ -191,10 +192,8 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
     activation: the activation that follows the selected layers (see
       `dense_to_gmp`).
   """
-  if not callable(select):
-    raise TypeError(
-        f'select must be a callable taking a layer path tuple (e.g. lambda path: path[0] != '
-        f"'out') and returning a bool, got {select!r} of type {type(select).__name__}.")
+  checks.function('select', select, "a callable taking a layer path tuple (e.g. lambda path: "
+                  "path[0] != 'out') and returning a bool")
   _check_activation(activation)
   _check_tree(params)
 
@@ -209,7 +208,7 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
     if extra:
       raise ValueError(
           f'unexpected entries {sorted(extra)} besides kernel/bias: not a plain Dense/Conv layer.')
-    return dense_to_gmp(layer['kernel'], layer.get('bias'), activation)
+    return gmp_method.from_dense(layer['kernel'], layer.get('bias'))  # activation: checked
 
   out = _walk(params, (), _is_sp, convert)
   if not converted:

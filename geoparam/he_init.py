@@ -21,17 +21,16 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from geoparam import checks
+
 __all__ = ['he_std', 'he_normal', 'he_uniform']
 
 _MODES = ('fan_in', 'fan_out')
 
 
 def _check(negative_slope: float, mode: str) -> None:
-  if mode not in _MODES:
-    raise ValueError(f"mode must be one of {_MODES} ('fan_in': forward, 'fan_out': backward), "
-                     f'got mode = {mode!r}.')
-  if not math.isfinite(negative_slope):
-    raise ValueError(f'negative_slope must be finite, got negative_slope = {negative_slope}.')
+  checks.one_of('mode', mode, _MODES)
+  checks.real('negative_slope', negative_slope)
 
 
 def he_std(shape: Sequence[int], negative_slope: float = 0.0, mode: str = 'fan_in') -> float:
@@ -48,6 +47,14 @@ def he_std(shape: Sequence[int], negative_slope: float = 0.0, mode: str = 'fan_i
   return math.sqrt(2.0 / ((1.0 + negative_slope**2) * fan))
 
 
+def _initializer(negative_slope: float, mode: str, draw):
+  """`init(key, shape, dtype)`: `draw(key, shape, dtype, std)` at the He std of `shape`; the
+  arguments are checked now, not at the first draw."""
+  _check(negative_slope, mode)
+  return lambda key, shape, dtype=jnp.float32: draw(key, shape, dtype,
+                                                    he_std(shape, negative_slope, mode))
+
+
 def he_normal(negative_slope: float = 0.0, mode: str = 'fan_in'):
   """Gaussian He initializer `init(key, shape, dtype)`: `N(0, 2 / ((1 + a^2) fan))`.
 
@@ -55,13 +62,8 @@ def he_normal(negative_slope: float = 0.0, mode: str = 'fan_in'):
     negative_slope: slope `a` of the following (P)ReLU; 0 for ReLU.
     mode: 'fan_in' (forward, default) or 'fan_out' (backward).
   """
-  _check(negative_slope, mode)
-
-  def init(key, shape, dtype=jnp.float32):
-    std = he_std(shape, negative_slope, mode)
-    return (std * jax.random.normal(key, shape, dtype)).astype(dtype)
-
-  return init
+  return _initializer(negative_slope, mode, lambda key, shape, dtype, std: (
+      std * jax.random.normal(key, shape, dtype)).astype(dtype))
 
 
 def he_uniform(negative_slope: float = 0.0, mode: str = 'fan_in'):
@@ -71,10 +73,5 @@ def he_uniform(negative_slope: float = 0.0, mode: str = 'fan_in'):
     negative_slope: slope `a` of the following (P)ReLU; 0 for ReLU.
     mode: 'fan_in' (forward, default) or 'fan_out' (backward).
   """
-  _check(negative_slope, mode)
-
-  def init(key, shape, dtype=jnp.float32):
-    bound = math.sqrt(3.0) * he_std(shape, negative_slope, mode)
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-  return init
+  return _initializer(negative_slope, mode, lambda key, shape, dtype, std: jax.random.uniform(
+      key, shape, dtype, -math.sqrt(3.0) * std, math.sqrt(3.0) * std))

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
+
 __all__ = [
   'to_cartesian',
   'to_cartesian_batched',
@@ -46,8 +48,7 @@ def _scheme(scheme: str | None) -> str:
   """The scan schedule: `sequential` on CPU, `associative` (log-depth) on GPU/TPU."""
   if scheme is None:
     return 'sequential' if jax.default_backend() == 'cpu' else 'associative'
-  if scheme not in SCHEMES:
-    raise ValueError(f'scheme must be one of {SCHEMES} or None, got {scheme!r}.')
+  checks.one_of('scheme', scheme, SCHEMES + (None,))
   return scheme
 
 
@@ -315,22 +316,6 @@ def _is_concrete_zero(x) -> bool:
   return not isinstance(x, jax.core.Tracer) and not np.any(np.asarray(x) != 0)
 
 
-def _real_float(x, fn: str, name: str) -> jax.Array:
-  """`x` as an array of a real floating dtype (integers and bools become the default float).
-
-  Raises a TypeError naming the dtype for anything else (complex, keys, ...): the
-  chart is a real one, and casting a complex array to real would silently drop
-  its imaginary part.
-  """
-  x = jnp.asarray(x)
-  if jnp.issubdtype(x.dtype, jnp.floating):
-    return x
-  if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
-    return x.astype(jnp.result_type(float))
-  raise TypeError(f'{fn} expects {name} of a real floating (or integer) dtype, got {name} of '
-                  f'dtype {x.dtype}.')
-
-
 def to_cartesian(theta: jax.Array) -> jax.Array:
   """Unit vector u(theta) of eq. (10).
 
@@ -355,7 +340,7 @@ def to_cartesian(theta: jax.Array) -> jax.Array:
     >>> hyperspherical.to_cartesian(jnp.asarray([jnp.pi / 2, 0.0]))  # u_1 = cos(pi/2) ~ 0
     Array([-4.371139e-08,  1.000000e+00,  0.000000e+00], dtype=float32)
   """
-  theta = _real_float(theta, 'to_cartesian', 'theta')
+  theta = checks.floating(theta, 'theta', 'to_cartesian')
   if theta.ndim != 1:
     raise ValueError(
         f'to_cartesian expects theta of shape (n - 1,), got shape {theta.shape}; '
@@ -370,7 +355,7 @@ def to_cartesian_batched(theta: jax.Array, scheme: str | None = None) -> jax.Arr
   with `batch = (features,)`), but without moving the neuron axis. `scheme`
   picks the scan schedule (`SCHEMES`; None: by backend, see `prefix_product`).
   """
-  theta = _real_float(theta, 'to_cartesian_batched', 'theta')
+  theta = checks.floating(theta, 'theta', 'to_cartesian_batched')
   if theta.ndim < 1:
     raise ValueError('theta must have shape (n - 1, ...), got a scalar.')
   scheme = _scheme(scheme)
@@ -384,7 +369,7 @@ def to_cartesian_reference(theta: jax.Array) -> jax.Array:
 
   Kept as the reference the fast `to_cartesian` is tested (and benchmarked) against.
   """
-  theta = _real_float(theta, 'to_cartesian_reference', 'theta')
+  theta = checks.floating(theta, 'theta', 'to_cartesian_reference')
   one = jnp.ones((1,) + theta.shape[1:], theta.dtype)
   sin_prefix = jnp.cumprod(jnp.sin(theta), axis=0)
   return jnp.concatenate([one, sin_prefix]) * jnp.concatenate([jnp.cos(theta), one])
@@ -564,7 +549,7 @@ def from_cartesian(w: jax.Array) -> tuple[jax.Array, jax.Array]:
     >>> hyperspherical.from_cartesian(jnp.asarray(w))
     (Array([1.1115868, 1.7196879], dtype=float32), Array(2.2561e-40, dtype=float32))
   """
-  w = _real_float(w, 'from_cartesian', 'w')
+  w = checks.floating(w, 'w', 'from_cartesian')
   if w.ndim != 1 or w.shape[0] < 2:
     raise ValueError(
         f'from_cartesian expects w of shape (n,) with n >= 2, got shape {w.shape}; '
@@ -599,7 +584,7 @@ def metric_diag(theta: jax.Array) -> jax.Array:
   Returns:
     shape `(n - 1,)`, same dtype, values in [0, 1].
   """
-  theta = _real_float(theta, 'metric_diag', 'theta')
+  theta = checks.floating(theta, 'theta', 'metric_diag')
   if theta.ndim != 1:
     raise ValueError(f'metric_diag expects theta of shape (n - 1,), got shape {theta.shape}.')
   return _metric_diag_jit(theta)
@@ -651,8 +636,8 @@ def angle_between(u: jax.Array, v: jax.Array) -> jax.Array:
     >>> jax.jit(hyperspherical.angle_between)(jnp.zeros(2), jnp.ones(2))
     Array(nan, dtype=float32)
   """
-  u = _real_float(u, 'angle_between', 'u')
-  v = _real_float(v, 'angle_between', 'v')
+  u = checks.floating(u, 'u', 'angle_between')
+  v = checks.floating(v, 'v', 'angle_between')
   if u.shape != v.shape or u.ndim != 1:
     raise ValueError(
         f'angle_between expects two vectors of the same shape (n,), got {u.shape} and {v.shape}.')

@@ -15,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from geoparam import checks
 from geoparam import hyperspherical
 
 __all__ = ['sphere_uniform', 'rademacher', 'glorot_norm']
@@ -54,8 +55,8 @@ def glorot_norm(fan_in: int, fan_out: int):
   The paper's reference code draws a Glorot-uniform kernel and uses each
   column's norm as the initial GmP scale `r`; this reproduces that draw.
   """
-  if fan_in < 1 or fan_out < 1:
-    raise ValueError(f'glorot_norm needs fan_in >= 1 and fan_out >= 1, got {fan_in}, {fan_out}.')
+  checks.count('fan_in', fan_in, 1, 'glorot_norm')
+  checks.count('fan_out', fan_out, 1, 'glorot_norm')
   limit = math.sqrt(6.0 / (fan_in + fan_out))
 
   def init(key, shape, dtype=jnp.float32):

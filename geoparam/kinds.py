@@ -20,14 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 import math
-import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from geoparam import checks
+
 __all__ = ['Layout', 'Kind', 'Shell', 'register', 'of', 'kind_of', 'layout_of', 'REGISTRY',
            'DENSE', 'CONV', 'GENERAL', 'EINSUM', 'CONV_TRANSPOSE', 'einsum_layout',
-           'conv_kernel_shape', 'features_of', 'ints', 'check_units']
+           'conv_kernel_shape', 'features_of', 'ints']
 
 Shape = tuple[int, ...]
 
@@ -204,16 +205,11 @@ def ints(value) -> Shape:
 
 
 def features_of(layer) -> Shape:
-  """The output features (linen `features`, NNX `out_features`) as a tuple."""
+  """The output features (linen `features`, NNX `out_features`) as a tuple of ints, each
+  checked to be >= 1 (`geoparam.checks.count`)."""
   features = getattr(layer, 'features', None)
-  return ints(layer.out_features if features is None else features)
-
-
-def check_units(name: str, units: Sequence) -> None:
-  """Raises unless every unit axis size is an integer >= 1."""
-  for f in units:
-    if isinstance(f, bool) or not isinstance(f, numbers.Integral) or f < 1:
-      raise ValueError(f'{name} needs features >= 1 (integers), got {tuple(units)!r}.')
+  features = ints(layer.out_features if features is None else features)
+  return tuple(checks.count('features', f, 1, type(layer).__name__) for f in features)
 
 
 def _last_axis(layer, ndim: int) -> Shape:
@@ -231,7 +227,6 @@ def _dense_layout(layer, inputs_shape):
   if len(inputs_shape) < 1:
     raise ValueError('expects inputs (..., fan_in), got a scalar.')
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   return _trailing((inputs_shape[-1],) + features, 1)
 
 
@@ -252,7 +247,6 @@ def _general_layout(layer, inputs_shape):
     raise ValueError(f'one kernel per batch entry (batch_dims/batch_axis={batch!r}) cannot be '
                      'reparameterized; exclude it.')
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   axes = _general_axes(layer, len(inputs_shape))
   return _trailing(tuple(inputs_shape[a] for a in axes) + features, len(features))
 
@@ -278,10 +272,9 @@ def conv_kernel_shape(kernel_size, inputs_shape, features: int, groups: int) -> 
   Raises a ValueError naming the bad argument for non-positive kernel sizes, inputs of too
   low rank for `kernel_size`, and a `feature_group_count` not dividing both widths.
   """
-  kernel_size = ints(kernel_size)
-  if not kernel_size or not all(isinstance(k, numbers.Integral) and k >= 1 for k in kernel_size):
-    raise ValueError(f'needs kernel_size of positive ints, one per spatial dim, got '
-                     f'{kernel_size!r}.')
+  kernel_size = tuple(checks.count('kernel_size', k, 1) for k in ints(kernel_size))
+  if not kernel_size:
+    raise ValueError('needs a kernel_size, one int per spatial dim, got ().')
   num_spatial = len(kernel_size)
   if len(inputs_shape) < num_spatial + 1:
     raise ValueError(
@@ -297,7 +290,6 @@ def conv_kernel_shape(kernel_size, inputs_shape, features: int, groups: int) -> 
 
 def _conv_layout(layer, inputs_shape):
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   return _trailing(conv_kernel_shape(layer.kernel_size, inputs_shape, features[0],
                                      layer.feature_group_count), 1)
 
@@ -329,7 +321,6 @@ CONV = Kind('Conv', _conv_layout, _last_axis, _conv_example, _padding_free, taps
 
 def _conv_transpose_layout(layer, inputs_shape):
   features = features_of(layer)
-  check_units(type(layer).__name__, features)
   kernel_size = ints(layer.kernel_size)
   if len(inputs_shape) < len(kernel_size) + 1:
     raise ValueError(f'kernel_size {kernel_size} needs inputs of rank >= {len(kernel_size) + 1}, '

@@ -25,23 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
+
 __all__ = ['project', 'project_batched', 'coordinates', 'basis']
-
-
-def _as_float(x: jax.Array, fn: str, name: str) -> jax.Array:
-  """`x` as an inexact array: integers and bools become the default float.
-
-  Complex arrays are kept (the map is linear with a real matrix, so `B_m v` of a
-  complex `v` is well defined and keeps `sum(w) = 0`, `|w| = |v|`); anything
-  else (PRNG keys, strings, ...) is a TypeError naming the dtype.
-  """
-  x = jnp.asarray(x)
-  if jnp.issubdtype(x.dtype, jnp.inexact):
-    return x
-  if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.bool_):
-    return x.astype(jnp.result_type(float))
-  raise TypeError(f'{fn} expects {name} of a floating, complex or integer dtype, got {name} of '
-                  f'dtype {x.dtype}.')
 
 
 def project(v: jax.Array) -> jax.Array:
@@ -62,7 +48,7 @@ def project(v: jax.Array) -> jax.Array:
     >>> w.shape, abs(float(w.sum())) < 1e-6, round(float(w @ w), 4)  # |w|^2 = |v|^2 = 14
     ((4,), True, 14.0)
   """
-  v = _as_float(v, 'project', 'v')
+  v = checks.floating(v, 'v', 'project', complex_ok=True)
   if v.ndim != 1 or v.shape[0] < 1:
     raise ValueError(
         f'project expects v of shape (m - 1,) with m >= 2, got shape {v.shape}; '
@@ -79,7 +65,7 @@ def project_batched(v: jax.Array) -> jax.Array:
   `in_axes=1` makes XLA build the kernel transposed and copy it (measured ~15%
   of a Dense 1024 step on CPU).
   """
-  v = _as_float(v, 'project_batched', 'v')
+  v = checks.floating(v, 'v', 'project_batched', complex_ok=True)
   if v.ndim < 1 or v.shape[0] < 1:
     raise ValueError(f'project_batched expects v of shape (m - 1, ...) with m >= 2, '
                      f'got shape {v.shape}.')
@@ -113,7 +99,7 @@ def coordinates(w: jax.Array) -> jax.Array:
   Returns:
     `v`, shape `(m - 1,)`, same dtype as `w`.
   """
-  w = _as_float(w, 'coordinates', 'w')
+  w = checks.floating(w, 'w', 'coordinates', complex_ok=True)
   if w.ndim != 1 or w.shape[0] < 2:
     raise ValueError(
         f'coordinates expects w of shape (m,) with m >= 2, got shape {w.shape}; '
@@ -146,12 +132,10 @@ def basis(m: int, dtype=jnp.float32) -> jax.Array:
     dtype: dtype of the result, floating or complex (an integer dtype would
       truncate the entries: a TypeError).
   """
-  if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 2:
-    raise ValueError(f'basis needs an integer m >= 2, got m = {m!r}.')
+  m = checks.count('m', m, 2, 'basis')
   if not jnp.issubdtype(dtype, jnp.inexact):
     raise TypeError(f'basis needs a floating (or complex) dtype, got dtype {jnp.dtype(dtype)}: '
                     'its entries are irrational.')
-  m = int(m)
   u = np.full((m,), 1.0 / math.sqrt(m))
   u[0] += 1.0
   h = np.eye(m) - 2.0 * np.outer(u, u) / np.dot(u, u)

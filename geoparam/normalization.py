@@ -15,12 +15,10 @@ switched by `use_running_average` exactly like `nn.BatchNorm`.
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 
-__all__ = ['batch_mean', 'update_running_mean', 'mean_step', 'check_floating', 'check_momentum']
+__all__ = ['batch_mean', 'update_running_mean', 'mean_step', 'check_floating']
 
 
 def batch_mean(x: jax.Array, axis_name: str | None = None) -> jax.Array:
@@ -67,10 +65,3 @@ def check_floating(x: jax.Array) -> None:
   if not jnp.issubdtype(x.dtype, jnp.inexact):
     raise TypeError(f'the mean normalizations need floating inputs, got dtype {x.dtype} (the '
                     'mean would be truncated to it): cast integer images to float first.')
-
-
-def check_momentum(momentum) -> None:
-  """Raises a ValueError unless `momentum` is a number in [0, 1] (a running mean's decay)."""
-  if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not (
-      0.0 <= momentum <= 1.0):
-    raise ValueError(f'momentum must be in [0, 1] (a number), got {momentum!r}.')

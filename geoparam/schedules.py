@@ -23,12 +23,13 @@ and shapes are static, so this holds under `jit` too).
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from geoparam import checks
 
 __all__ = [
   'PlateauState',
@@ -39,7 +40,6 @@ __all__ = [
   'per_epoch_decay',
   'keep_best',
   'set_learning_rate',
-  'real_dtype',
 ]
 
 _MODES = ('min', 'max')
@@ -94,48 +94,6 @@ class Schedule(NamedTuple):
   update: Callable[..., Any]
 
 
-_INT32_MAX = 2**31 - 1  # counters (wait, cooldown, epoch) are int32
-
-
-def _check_mode(mode):
-  if mode not in _MODES:
-    raise ValueError(f'mode must be one of {_MODES}, got {mode!r}.')
-
-
-def check_count(name: str, value) -> int:
-  """A count (epochs, steps) as an int: a Python or NumPy integer in [0, 2**31 - 1] (no bool,
-  float or str; else TypeError or ValueError naming `name`). Shared with `geoparam.analysis`."""
-  if isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value) != 0:
-    index = None
-  else:
-    try:
-      index = operator.index(value)
-    except TypeError:
-      index = None
-  if index is None:
-    raise TypeError(
-        f'{name} must be an int >= 0 (a Python or NumPy integer; not bool, float or str), '
-        f'got {value!r} of type {type(value).__name__}.')
-  if not 0 <= index <= _INT32_MAX:
-    raise ValueError(f'{name} must be an integer in [0, {_INT32_MAX}], got {name} = {index}.')
-  return index
-
-
-def _check_real(name, value, accepted, ok):
-  """A finite real hyperparameter (int, float or NumPy scalar) for which `ok(value)` holds."""
-  number = None
-  if not isinstance(value, (bool, np.bool_, str, bytes)) and np.ndim(value) == 0:
-    try:
-      number = float(value)
-    except (TypeError, ValueError):
-      number = None
-  if number is None:
-    raise TypeError(
-        f'{name} must be a real number {accepted}, got {value!r} of type {type(value).__name__}.')
-  if not (math.isfinite(number) and ok(number)):
-    raise ValueError(f'{name} must be a finite real number {accepted}, got {name} = {value!r}.')
-
-
 def _check_lr(lr, zero_ok: bool = False):
   """A rate: a real scalar; where concrete (not traced), finite and > 0 (>= 0 with `zero_ok`)."""
   least = '>= 0' if zero_ok else '> 0'
@@ -152,26 +110,10 @@ def _check_lr(lr, zero_ok: bool = False):
     raise ValueError(f'lr must be a finite learning rate {least}, got lr = {lr!r}.')
 
 
-def real_dtype(value):
-  """The dtype of `value` if it is real numbers (int or float: Python, NumPy or JAX, traced
-  too), else None (str, bytes, None, bool, complex, objects). Reads no values: jit-safe.
-
-    >>> real_dtype(1.0), real_dtype('1.0'), real_dtype(True)
-    (dtype('float64'), None, None)
-  """
-  if isinstance(value, (str, bytes, bool, np.bool_)) or value is None:
-    return None
-  try:
-    dtype = value.dtype if hasattr(value, 'dtype') else np.asarray(value).dtype
-  except (TypeError, ValueError):
-    return None
-  return dtype if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) else None
-
-
 def _metric(metric, state):
   """The metric as float32, checked to be real numbers, one per schedule (jit-safe: dtypes and
   shapes are static)."""
-  dtype = real_dtype(metric)
+  dtype = checks.real_dtype(metric)
   if dtype is None:
     dtype = getattr(metric, 'dtype', None)
     raise TypeError(
@@ -225,14 +167,14 @@ def reduce_on_plateau(
     >>> schedules.reduce_on_plateau(patience=2.5)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
       ...
-    TypeError: patience must be an int >= 0 (...), got 2.5 of type float.
+    geoparam.checks.ArgumentError: patience must be an int >= 0 (...), got 2.5 of type float.
   """
-  _check_mode(mode)
-  _check_real('factor', factor, 'in the range (0, 1)', lambda x: 0.0 < x < 1.0)
-  check_count('patience', patience)
-  check_count('cooldown', cooldown)
-  _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
-  _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
+  checks.one_of('mode', mode, _MODES)
+  checks.real('factor', factor, 'in the range (0, 1)', lambda x: 0.0 < x < 1.0)
+  checks.count('patience', patience)
+  checks.count('cooldown', cooldown)
+  checks.real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
+  checks.real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
   def init(lr) -> PlateauState:
     _check_lr(lr)
@@ -266,9 +208,9 @@ def early_stopping(patience: int = 10, mode: str = 'min', min_delta: float = 0.0
   (see `keep_best`); restoring them at the end gives `restore_best_weights`.
   `state.stop` is sticky once set. A NaN metric never improves.
   """
-  _check_mode(mode)
-  check_count('patience', patience)
-  _check_real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
+  checks.one_of('mode', mode, _MODES)
+  checks.count('patience', patience)
+  checks.real('min_delta', min_delta, '>= 0', lambda x: x >= 0)
 
   def init() -> EarlyStoppingState:
     zero = jnp.zeros((), jnp.int32)
@@ -317,8 +259,8 @@ def per_epoch_decay(factor: float = 0.95, min_lr: float = 1e-3) -> Schedule:
   After `e` updates the rate is `max(lr0 * factor**e, min_lr)`; an initial
   rate below `min_lr` is left as it is.
   """
-  _check_real('factor', factor, 'in the range (0, 1]', lambda x: 0.0 < x <= 1.0)
-  _check_real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
+  checks.real('factor', factor, 'in the range (0, 1]', lambda x: 0.0 < x <= 1.0)
+  checks.real('min_lr', min_lr, '>= 0', lambda x: x >= 0)
 
   def init(lr) -> DecayState:
     _check_lr(lr)

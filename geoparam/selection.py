@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
+from geoparam import checks
 from geoparam import kinds
 
-__all__ = ['name', 'excluded', 'selected', 'check_selection', 'refused', 'check_where',
-           'check_flag', 'check_arguments']
+__all__ = ['name', 'excluded', 'selected', 'check_selection', 'refused', 'check_arguments']
 
 
 def name(path) -> str:
@@ -35,27 +33,6 @@ def excluded(path: tuple, exclude) -> bool:
   return '/'.join(names) in exclude or bool(names and names[-1] in exclude)
 
 
-def check_where(where) -> None:
-  """Raises a TypeError unless `where` is None or a callable `where(layer, path) -> bool`."""
-  if where is not None and not callable(where):
-    raise TypeError(f'where must be a function where(layer, path) -> bool (or None: every '
-                    f'layer), got {where!r:.60} of type {type(where).__name__}; to keep layers '
-                    'plain by name use exclude=[...].')
-
-
-def check_flag(name: str, value, owner: str | None = None, optional: bool = False) -> None:
-  """Raises a TypeError naming `owner`'s argument `name` unless `value` is True or False (a
-  numpy bool too), or None where `optional`.
-
-    >>> check_flag('approximate_borders', 'yes', 'bake')
-    Traceback (most recent call last):
-    TypeError: bake: approximate_borders must be True or False, got 'yes'.
-  """
-  if not (isinstance(value, (bool, np.bool_)) or (optional and value is None)):
-    raise TypeError(f'{owner + ": " if owner else ""}{name} must be '
-                    f'{"None, " if optional else ""}True or False, got {value!r}.')
-
-
 def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
                     method=None) -> tuple[str, ...]:
   """Checks a whole-model transform's selection arguments (both shells); returns `exclude` as a
@@ -69,9 +46,10 @@ def check_arguments(where, exclude, drop_batchnorm, use_running_average=None,
   if not all(isinstance(e, str) for e in names):
     raise TypeError(f'exclude must be layer names or \'/\'-joined paths (strings), e.g. '
                     f"exclude=['head'], got {exclude!r:.60}.")
-  check_where(where)
-  check_flag('drop_batchnorm', drop_batchnorm)
-  check_flag('use_running_average', use_running_average, optional=True)
+  checks.function('where', where, 'a function where(layer, path) -> bool (or None: every layer; '
+                  'exclude=[...] keeps layers plain by name)', optional=True)
+  checks.flag('drop_batchnorm', drop_batchnorm)
+  checks.flag('use_running_average', use_running_average, optional=True)
   if use_running_average is not None and method is not None and method.imn is None:
     raise ValueError(f'use_running_average={use_running_average} switches IMN\'s running mean, '
                      f'but method {method.name!r} has no IMN: leave it out (or use a method with '

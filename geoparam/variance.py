@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
+
 __all__ = [
     'LayerStats',
     'activation_variance_factors',
@@ -77,9 +79,8 @@ def activation_variance_factors(
     sigma: standard deviation of the pre-activation, > 0.
     num_points: odd number of grid points.
   """
-  if not (math.isfinite(sigma) and sigma > 0):
-    raise ValueError(f'sigma must be a finite positive float, got sigma = {sigma}.')
-  if num_points < 3 or num_points % 2 == 0:
+  checks.real('sigma', sigma, '> 0', lambda x: x > 0)
+  if checks.count('num_points', num_points, 3) % 2 == 0:
     raise ValueError(f'num_points must be an odd integer >= 3, got num_points = {num_points}.')
   z = np.linspace(-12.0 * sigma, 12.0 * sigma, num_points)
   w = np.exp(-0.5 * (z / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))

@@ -403,9 +403,9 @@ def test_cli_names_a_data_file_that_is_not_utf8_text(tmp_path):
 
 def test_imn_momentum_and_axis_name_of_the_wrong_type_are_named():
   model = nn.Dense(3)
-  with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(a number\), got '0.9'"):
+  with pytest.raises(ValueError, match=r"momentum must be a real number in \[0, 1\], got '0.9'"):
     geoparam.reparameterize(model, 'gmp_imn', momentum='0.9')
-  with pytest.raises(ValueError, match=r'momentum must be in \[0, 1\] \(a number\)'):
+  with pytest.raises(ValueError, match=r'momentum must be a real number in \[0, 1\]'):
     geoparam.methods.with_imn('gmp', momentum=True)
   with pytest.raises(TypeError, match='axis_name must be None or the name'):
     geoparam.methods.get('gmp_imn', axis_name=0)
@@ -507,7 +507,8 @@ def test_linen_gmp_flags_and_momentum_are_checked_not_truthy_or_ignored(make):
   x = jnp.ones((2, 5, 3))
   with pytest.raises(TypeError, match=r"input_mean_norm must be True or False, got 'yes'"):
     make(input_mean_norm='yes').init(jax.random.key(0), x)
-  with pytest.raises(ValueError, match=r'momentum must be in \[0, 1\] \(a number\), got 5.0'):
+  with pytest.raises(ValueError, match=r'momentum must be a finite real number in \[0, 1\], '
+                                       r'got momentum = 5.0'):
     make(momentum=5.0).init(jax.random.key(0), x)
   if not isinstance(make(), geoparam.GmP):
     with pytest.raises(TypeError, match=r"glorot_scale must be True or False, got 'yes'"):
@@ -528,12 +529,12 @@ def test_linen_layers_check_their_numbers_by_name():
   str") or silent (channel_shared='yes' by truthiness)."""
   x = jnp.ones((2, 3))
   for layer in (geoparam.InputMeanNorm(momentum='0.9'), geoparam.MeanOnlyBatchNorm(momentum='0.9')):
-    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(a number\), got '0.9'"):
+    with pytest.raises(ValueError, match=r"momentum must be a real number in \[0, 1\], got '0.9'"):
       layer.init(jax.random.key(0), x, use_running_average=False)
-  with pytest.raises(ValueError, match=r"epsilon must be >= 0 \(a number\), got '1e-5'"):
+  with pytest.raises(ValueError, match=r"epsilon must be a real number >= 0, got '1e-5'"):
     geoparam.CWNDense(4, epsilon='1e-5').init(jax.random.key(0), x)
   for slope in ('0.25', None):
-    with pytest.raises(TypeError, match=r'negative_slope_init must be a finite number, got'):
+    with pytest.raises(TypeError, match=r'negative_slope_init must be a real number, got'):
       geoparam.PReLU(negative_slope_init=slope).init(jax.random.key(0), x)
   with pytest.raises(TypeError, match=r"channel_shared must be True or False, got 'yes'"):
     geoparam.PReLU(channel_shared='yes').init(jax.random.key(0), x)
@@ -586,13 +587,14 @@ def test_nnx_sweep_inputs_get_clear_errors_or_the_right_answer():
                lambda **kw: gnnx.GmPLinear(3, 4, rngs=nnx.Rngs(0), **kw)):
     with pytest.raises(TypeError, match=r"input_mean_norm must be True or False, got 'yes'"):
       make(input_mean_norm='yes')
-    with pytest.raises(ValueError, match=r'momentum must be in \[0, 1\] \(a number\), got 2.0'):
+    with pytest.raises(ValueError, match=r'momentum must be a finite real number in \[0, 1\], '
+                                         r'got momentum = 2.0'):
       make(momentum=2.0)
   with pytest.raises(TypeError, match=r"glorot_scale must be True or False, got 'yes'"):
     gnnx.GmPLinear(3, 4, rngs=nnx.Rngs(0), glorot_scale='yes')
-  with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(a number\), got '0.9'"):
+  with pytest.raises(ValueError, match=r"momentum must be a real number in \[0, 1\], got '0.9'"):
     gnnx.InputMeanNorm(3, momentum='0.9')
-  with pytest.raises(TypeError, match=r'negative_slope_init must be a finite number'):
+  with pytest.raises(TypeError, match=r'negative_slope_init must be a real number'):
     gnnx.PReLU(3, negative_slope_init='0.25')
   for cls in (gnnx.LCWLinear, gnnx.CWNLinear):
     with pytest.raises(TypeError, match=r'pass rngs=nnx.Rngs'):
@@ -666,9 +668,9 @@ def test_bake_of_a_conv_whose_mask_is_made_while_tracing_names_it():
 
 
 def test_a_numpy_bool_is_a_flag_in_every_check():
-  """One flag check (`selection.check_flag`): `np.True_`/`np.False_` (from a numpy config or a
+  """One flag check (`checks.flag`): `np.True_`/`np.False_` (from a numpy config or a
   comparison) pass wherever True/False do; a None passes only where the argument is optional."""
-  from geoparam import selection  # pylint: disable=g-import-not-at-top
+  from geoparam import checks  # pylint: disable=g-import-not-at-top
   x = jax.random.normal(jax.random.key(1), (4, 3)) + 2.0
   rp = geoparam.reparameterize(nn.Dense(2), 'gmp_imn', use_running_average=np.False_)
   v = rp.init(jax.random.key(0), x)
@@ -676,7 +678,7 @@ def test_a_numpy_bool_is_a_flag_in_every_check():
   np.testing.assert_allclose(y, rp.apply(v, x - x.mean(0), mutable=['batch_stats'])[0],
                              atol=1e-5)  # training mode: the batch mean is subtracted
   geoparam.bake(rp, v, x, approximate_borders=np.True_)
-  selection.check_flag('use_running_average', None, 'InputMeanNorm', optional=True)
+  checks.flag('use_running_average', None, 'InputMeanNorm', optional=True)
   with pytest.raises(TypeError, match=r'^InputMeanNorm: use_running_average must be True or '
                                       r'False, got None\.$'):
-    selection.check_flag('use_running_average', None, 'InputMeanNorm')
+    checks.flag('use_running_average', None, 'InputMeanNorm')

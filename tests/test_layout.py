@@ -14,7 +14,7 @@ ROOT = pathlib.Path(geoparam.__file__).parent
 
 # The framework-neutral core and the study tools (top-level modules of geoparam/).
 CORE = ('methods', 'kinds', 'exact', 'selection', 'hyperspherical', 'lcw', 'conv', 'normalization',
-        'activations', 'initializers', 'he_init', 'masks', 'variance')
+        'activations', 'initializers', 'he_init', 'masks', 'variance', 'checks')
 STUDY_TOOLS = ('analysis', 'schedules', 'convert')
 # The modules that moved into geoparam/linen/ (no module is left at these paths).
 OLD_PATHS = ('geoparam.wrappers', 'geoparam.transform', 'geoparam.gmp', 'geoparam.baselines',
@@ -150,3 +150,8 @@ def test_methods_and_kinds_import_no_flax_framework():
                                                          ROOT / 'selection.py', ROOT / 'conv.py']:
     flax = {i for i in _imports(path) if i.startswith('flax') and not i.startswith('flax.core')}
     assert not flax, (path.name, flax)
+
+
+def test_the_argument_checks_are_the_ground_floor():
+  """`geoparam.checks` imports no other geoparam module: any module may import it."""
+  assert not [i for i in _imports(ROOT / 'checks.py') if _within(i, 'geoparam')]

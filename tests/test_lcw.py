@@ -111,7 +111,7 @@ def test_project_bad_shape(bad):
 
 @pytest.mark.parametrize('m', [1, 0, -3, 2.5, True])
 def test_basis_bad_m(m):
-  with pytest.raises(ValueError, match='m >= 2'):
+  with pytest.raises(ValueError, match=r'basis: m must be an int(eger in \[2,| >= 2)'):
     lcw.basis(m)
 
 

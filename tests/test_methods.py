@@ -200,9 +200,9 @@ def test_registry_errors_name_the_choices():
     methods.get('wn', eps=1.0)
   with pytest.raises(TypeError, match='build it with them'):
     methods.get(methods.get('wn'), epsilon=0.1)
-  with pytest.raises(ValueError, match='momentum must be in'):
+  with pytest.raises(ValueError, match='momentum must be a finite real number in'):
     methods.get('gmp_imn', momentum=1.5)
-  with pytest.raises(ValueError, match='epsilon must be >= 0'):
+  with pytest.raises(ValueError, match='epsilon must be a finite real number >= 0'):
     methods.get('cwn', epsilon=-1.0)
   with pytest.raises(ValueError, match='initialization must be one of'):
     methods.get('gmp', initialization='he')

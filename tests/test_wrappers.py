@@ -255,7 +255,7 @@ def test_unsupported_layers_and_shapes_are_named():
         jax.random.key(0), x, use_running_average=False)
   with pytest.raises(ValueError, match=r'Reparam\(DenseGeneral\).*batch_dims'):
     geoparam.Reparam(nn.DenseGeneral((2, 3), batch_dims=(0,)), 'wn').init(jax.random.key(0), x)
-  with pytest.raises(ValueError, match='features >= 1'):
+  with pytest.raises(ValueError, match=r'features must be an integer in \[1,'):
     geoparam.LCW(nn.Dense(0)).init(jax.random.key(0), x)
   with pytest.raises(ValueError, match='fan-in of at least 2'):
     geoparam.LCW(nn.Dense(3)).init(jax.random.key(0), jnp.ones((2, 1)))

@@ -69,15 +69,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from geoparam.activations import check_slope
+from geoparam import checks
 from geoparam.activations import prelu
 from geoparam import methods
 from geoparam.linen import wrappers
 from geoparam.normalization import batch_mean
 from geoparam.normalization import check_floating
-from geoparam.normalization import check_momentum
 from geoparam.normalization import update_running_mean
-from geoparam.selection import check_flag
 
 __all__ = ['running_mean', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'GmPDense', 'GmPConv',
            'LCWDense', 'LCWConv', 'CWNDense', 'CWNConv', 'StandardizationLayer']
@@ -97,7 +95,7 @@ def running_mean(module: nn.Module, x: jax.Array, use_running_average: bool,
   `m <- momentum * m + (1 - momentum) * batch_mean` (not while initializing).
   Evaluation: the running mean. Call it from inside a module's compact method.
   """
-  check_momentum(momentum)
+  checks.momentum(momentum)
   check_floating(x)
   stat_dtype = jnp.promote_types(x.dtype, jnp.float32)
   ra_mean = module.variable(
@@ -220,8 +218,8 @@ class PReLU(nn.Module):
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Applies PReLU elementwise; `inputs` has shape `(..., C)`."""
-    check_slope(self.negative_slope_init)
-    check_flag('channel_shared', self.channel_shared, 'PReLU')
+    checks.real('negative_slope_init', self.negative_slope_init, owner='PReLU')
+    checks.flag('channel_shared', self.channel_shared, 'PReLU')
     if self.channel_shared:
       shape = ()
     else:

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from geoparam import checks
 from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
@@ -144,9 +145,7 @@ class Reparameterized(nn.Module):
       return lambda rp, *args, **kwargs: rp.call(name, *args, **kwargs)
     fn = method.__func__ if inspect.ismethod(method) and isinstance(method.__self__,
                                                                     nn.Module) else method
-    if not callable(fn):
-      raise TypeError(f'method must be a method name, a method or a function fn(module, *args), '
-                      f'got {method!r:.60} of type {type(method).__name__}.')
+    checks.function('method', fn, 'a method name, a method or a function fn(module, *args)')
     if getattr(Reparameterized, getattr(fn, '__name__', ''), None) is fn:
       return fn  # Reparameterized's own method: Flax passes it `rp`
     return lambda rp, *args, **kwargs: rp.call(fn, *args, **kwargs)
@@ -553,7 +552,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     `init` where `variables` hold partitioning boxes; `variables` is not changed.
   """
   _check_args('bake', rp, variables)
-  selection.check_flag('approximate_borders', approximate_borders, 'bake')
+  checks.flag('approximate_borders', approximate_borders, 'bake')
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))

@@ -49,10 +49,10 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from geoparam import checks
 from geoparam import conv
 from geoparam import kinds
 from geoparam import methods
-from geoparam import selection
 from geoparam.methods import run
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'PaperForm', 'paper_form', 'call', 'add_bias',
@@ -295,7 +295,7 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
     except ValueError as e:
       raise ValueError(f'{name}: {method.name!r} has IMN, but {e}') from None
   for flag in (use_running_average, imn_field):
-    selection.check_flag('use_running_average', flag, name, optional=True)
+    checks.flag('use_running_average', flag, name, optional=True)
   if method.imn is not None and not inputs.size:
     if not (imn_field if use_running_average is None else use_running_average) or (
         holder.is_initializing()):

@@ -31,7 +31,7 @@ from jax.nn import initializers as jinit
 import jax
 import numpy as np
 
-from geoparam import normalization
+from geoparam import checks
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
            'stored_dtype', 'layer_dtype',
@@ -168,7 +168,7 @@ def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None
   if not isinstance(method, Method):
     raise TypeError(f'with_imn: method must be a registry name or a geoparam.methods.Method, got '
                     f'{method!r:.80} of type {type(method).__name__}.')
-  normalization.check_momentum(momentum)
+  checks.momentum(momentum)
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f'axis_name must be None or the name (str) of a mapped axis, got '
                     f'{axis_name!r}.')

@@ -37,10 +37,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from geoparam import checks
 from geoparam import hyperspherical
 from geoparam import initializers
-from geoparam import normalization
-from geoparam import selection
 from geoparam.methods import base
 
 __all__ = ['gmp', 'gmp_imn', 'switched', 'paper', 'INITIALIZATIONS', 'unit',
@@ -266,8 +265,7 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
       `'layer'` (the layer's own `kernel_init`/`bias_init` draw, converted exactly).
     theta_init, lam_init, scale_init: override the paper's initializers.
   """
-  if initialization not in INITIALIZATIONS:
-    raise ValueError(f'initialization must be one of {INITIALIZATIONS}, got {initialization!r}.')
+  checks.one_of('initialization', initialization, INITIALIZATIONS)
   if initialization == 'layer' and any(i is not None for i in (theta_init, lam_init, scale_init)):
     raise ValueError("initialization='layer' takes the layer's own kernel_init/bias_init; "
                      'do not also pass theta_init, lam_init or scale_init.')
@@ -322,8 +320,8 @@ def switched(input_mean_norm: bool = False, momentum: float = 0.99, axis_name: s
     Traceback (most recent call last):
     TypeError: input_mean_norm must be True or False, got 'yes'.
   """
-  selection.check_flag('input_mean_norm', input_mean_norm)
-  normalization.check_momentum(momentum)
+  checks.flag('input_mean_norm', input_mean_norm)
+  checks.momentum(momentum)
   if input_mean_norm:
     return gmp_imn(momentum, axis_name, initialization, theta_init, lam_init, scale_init)
   return gmp(initialization, theta_init, lam_init, scale_init)
@@ -346,10 +344,9 @@ def paper(activation=jax.nn.relu, input_mean_norm: bool = False, momentum: float
     >>> m.apply(params, (2, 2))[1].tolist(), m.after(jnp.ones((1, 2)), params).tolist()
     ([1.0, 1.0], [[2.0, 3.0]])
   """
-  selection.check_flag('glorot_scale', glorot_scale)
-  if activation is not None and not callable(activation):
-    raise TypeError('activation must be a function (e.g. jax.nn.relu) or None for linear, got '
-                    f'{activation!r}.')
+  checks.flag('glorot_scale', glorot_scale)
+  checks.function('activation', activation, 'a function (e.g. jax.nn.relu) or None for linear',
+                  optional=True)
   method = switched(input_mean_norm, momentum, axis_name, theta_init=theta_init,
                     lam_init=lam_init, scale_init=scale_init or jinit.ones)
   if glorot_scale and scale_init is None:

@@ -15,7 +15,6 @@ kernel, so conversion is exact: `scale = sqrt(|w|^2 + epsilon)`.
 from __future__ import annotations
 
 from collections.abc import Callable
-import numbers
 
 from jax.nn import initializers as jinit
 from flax.core import meta
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from geoparam import checks
 from geoparam.methods import base
 
 __all__ = ['wn', 'weight_norm', 'normed']
@@ -42,8 +42,7 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
 
   `zero_sum`: only kernels whose units sum to zero convert (the formula centres them).
   """
-  if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not epsilon >= 0:
-    raise ValueError(f'epsilon must be >= 0 (a number), got {epsilon!r}.')
+  checks.real('epsilon', epsilon, '>= 0', lambda x: x >= 0)
 
   def params(kernel_shape, layer, new_key):
     del new_key

@@ -31,7 +31,6 @@ from collections.abc import Mapping
 import functools
 import itertools
 import os
-import numbers
 from typing import Any
 
 from flax import nnx
@@ -43,12 +42,12 @@ from jax import lax
 import numpy as np
 
 from geoparam import activations
+from geoparam import checks
 from geoparam import conv
 from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
 from geoparam import normalization
-from geoparam import selection
 from geoparam.methods import run
 from geoparam.selection import name as _path_name
 
@@ -176,15 +175,9 @@ def _mode(module, use_running_average):
   if use_running_average is None:
     raise ValueError(f'{type(module).__name__}: use_running_average is None; set it, call '
                      'model.train()/model.eval(), or pass it to the call.')
-  selection.check_flag('use_running_average', use_running_average, type(module).__name__,
+  checks.flag('use_running_average', use_running_average, type(module).__name__,
                        optional=True)
   return bool(use_running_average)
-
-
-def _check_positive(name, **sizes):
-  for what, value in sizes.items():
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-      raise ValueError(f'{name} needs {what} >= 1 (an integer), got {value!r}.')
 
 
 class _Held:
@@ -474,7 +467,8 @@ class _PaperForm(Reparam):
   def __init__(self, in_features: int, out_features: int, *args, rngs: nnx.Rngs | None = None,
                use_running_average: bool | None = False, **fields):
     name, options = type(self).__name__, methods.options_of(self._FACTORY)
-    _check_positive(name, in_features=in_features, out_features=out_features)
+    checks.count('in_features', in_features, 1, name)
+    checks.count('out_features', out_features, 1, name)
     if rngs is None:  # (a fixed key would start every layer of one shape from the same weights)
       raise TypeError(f'{name}: pass rngs=nnx.Rngs(...) (as {self._LAYER.__name__} needs): it '
                       'draws the initial weights.')
@@ -528,8 +522,8 @@ class InputMeanNorm(nnx.Module):
                use_running_average: bool | None = False, momentum: float = 0.99,
                axis_name: str | None = None):
     del rngs
-    _check_positive('InputMeanNorm', in_features=num_features)
-    normalization.check_momentum(momentum)
+    checks.count('num_features', num_features, 1, 'InputMeanNorm')
+    checks.momentum(momentum)
     self.num_features, self.momentum, self.axis_name = num_features, momentum, axis_name
     self.use_running_average = use_running_average
     self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
@@ -571,9 +565,9 @@ class PReLU(nnx.Module):
                channel_shared: bool = False, negative_slope_init: float = 0.25, dtype=None,
                param_dtype=jnp.float32):
     del rngs
-    _check_positive('PReLU', in_features=num_features)
-    activations.check_slope(negative_slope_init)
-    selection.check_flag('channel_shared', channel_shared, 'PReLU')
+    checks.count('num_features', num_features, 1, 'PReLU')
+    checks.real('negative_slope_init', negative_slope_init, owner='PReLU')
+    checks.flag('channel_shared', channel_shared, 'PReLU')
     shape = () if channel_shared else (num_features,)
     self.num_features, self.dtype = num_features, dtype
     self.negative_slope = nnx.Param(jnp.full(shape, negative_slope_init, param_dtype))

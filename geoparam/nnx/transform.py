@@ -32,6 +32,7 @@ from typing import Any
 
 from flax import nnx
 
+from geoparam import checks
 from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
@@ -255,7 +256,7 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
             else 'pass the NNX module that geoparam.nnx.reparameterize returned')
     raise TypeError(f'geoparam.nnx.bake takes an nnx.Module, got a {type(model).__name__}: '
                     f'{hint}.')
-  selection.check_flag('approximate_borders', approximate_borders, 'bake')
+  checks.flag('approximate_borders', approximate_borders, 'bake')
   nodes = list(nnx.iter_graph(model))
   producers = {n.producer for _, n in nodes if isinstance(n, DroppedBatchNorm)}
   plain, biases = {}, {}
