@@ -59,11 +59,6 @@ class PlateauState(NamedTuple):
   wait: jax.Array
   cooldown_counter: jax.Array
 
-  @property
-  def scale(self) -> jax.Array:
-    """The current rate (a scale of the base rate when `init(1.0)`); same as `lr`."""
-    return self.lr
-
 
 class EarlyStoppingState(NamedTuple):
   """The state of `early_stopping`: scalar arrays (one more axis per `vmap`).
@@ -82,11 +77,6 @@ class EarlyStoppingState(NamedTuple):
   best_epoch: jax.Array
   improved: jax.Array
   stop: jax.Array
-
-  @property
-  def should_stop(self) -> jax.Array:
-    """Whether training should stop; same as `stop`."""
-    return self.stop
 
 
 class Schedule(NamedTuple):
@@ -243,11 +233,6 @@ class DecayState(NamedTuple):
   """
   lr: jax.Array
   epoch: jax.Array
-
-  @property
-  def scale(self) -> jax.Array:
-    """The current rate (a scale of the base rate when `init(1.0)`); same as `lr`."""
-    return self.lr
 
 
 def per_epoch_decay(factor: float = 0.95, min_lr: float = 1e-3) -> Schedule:

@@ -29,7 +29,7 @@ def test_per_epoch_decay_lcw_rule():
   state = sched.init(0.1)
   for e in range(1, 120):
     state = sched.update(state)
-    np.testing.assert_allclose(float(state.scale), max(0.1 * 0.95**e, 1e-3), rtol=1e-5)
+    np.testing.assert_allclose(float(state.lr), max(0.1 * 0.95**e, 1e-3), rtol=1e-5)
   assert int(state.epoch) == 119
   assert float(state.lr) == pytest.approx(1e-3)  # 0.1 * 0.95**90 < 1e-3
 

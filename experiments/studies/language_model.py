@@ -85,7 +85,10 @@ from experiments.studies import robustness
 import geoparam
 import geoparam.nnx  # pylint: disable=unused-import (geoparam.nnx.reparameterize)
 
-METHODS = ('sp', 'sp_qk', 'wn', 'gmp', 'gmp_imn')
+# The study's methods: name -> (the library method applied by reparameterize, or None for the
+# plain model; qk-layernorm on). A method with IMN gets it on the down-projection alone.
+METHODS = {'sp': (None, False), 'sp_qk': (None, True), 'wn': ('wn', False),
+           'gmp': ('gmp', False), 'gmp_imn': ('gmp_imn', False)}
 WHERE = ('mlp', 'all')
 ACTIVATIONS = ('relu', 'gelu')
 POSITIONS = ('learned', 'rotary')
@@ -379,18 +382,20 @@ def selected(where: str) -> tuple[str, ...]:
 def build(method: str, width: int, c, key: jax.Array) -> Transformer:
   """The plain model of config `c` at `width` (initialized from `key`), with `method` applied
   as a user would: `geoparam.nnx.reparameterize` on the projections `where` selects."""
+  record, qk_norm = METHODS[method]
   model = Transformer(width, c.depth, width // c.head_dim, c.seq_len, mlp_ratio=c.mlp_ratio,
-                      activation=c.activation, qk_norm=c.qk_norm or method == 'sp_qk',
+                      activation=c.activation, qk_norm=c.qk_norm or qk_norm,
                       positions=c.positions, rngs=nnx.Rngs(params=key))
-  if method in ('sp', 'sp_qk'):
+  if record is None:
     return model
-  names = selected(c.where)
-  if method == 'gmp_imn':  # GmP everywhere selected, IMN on the down-projection (after a ReLU)
+  record, names = geoparam.methods.get(record), selected(c.where)
+  if record.imn is not None:  # IMN on the down-projection (after a ReLU), not elsewhere
     first = [n for n in names if n != 'mlp_out']
     if first:
-      model = geoparam.nnx.reparameterize(model, 'gmp', where=lambda _, p: p[-1] in first)
-    return geoparam.nnx.reparameterize(model, 'gmp_imn', where=lambda _, p: p[-1] == 'mlp_out')
-  return geoparam.nnx.reparameterize(model, method, where=lambda _, p: p[-1] in names)
+      model = geoparam.nnx.reparameterize(model, record._replace(imn=None),
+                                          where=lambda _, p: p[-1] in first)
+    return geoparam.nnx.reparameterize(model, record, where=lambda _, p: p[-1] == 'mlp_out')
+  return geoparam.nnx.reparameterize(model, record, where=lambda _, p: p[-1] in names)
 
 
 def count_params(state) -> int:
@@ -661,6 +666,16 @@ def make_table(analysis, timings, rates) -> str:
           'included):\n\n' + times)
 
 
+def _side_legend(axes, ylabel: str, init_label: str, diverged_label: str) -> None:
+  """The first panel's y label, and the legend right of the last panel with the dotted at-init
+  line and the divergence mark added."""
+  axes[0][0].set_ylabel(ylabel)
+  ax = axes[0][-1]
+  ax.plot([], [], ':', color='0.5', lw=1.2, label=init_label)
+  ax.plot([], [], 'kx', ms=8, mew=2, label=diverged_label)
+  ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
+
+
 def plot(cells, analysis, methods, widths, rates, n, workdir) -> list[str]:
   """lr_sweep.png, lr_sensitivity.png and attention_logits.png (see the module docstring)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -683,11 +698,8 @@ def plot(cells, analysis, methods, widths, rates, n, workdir) -> list[str]:
     ax.set_ylim(top=top)
     ax.set_xlabel('AdamW learning rate (peak)')
     ax.set_title(f'width {w}', fontsize=10)
-  axes[0][0].set_ylabel('final validation loss (bits per byte)')
-  ax = axes[0][-1]
-  ax.plot([], [], ':', color='0.5', lw=1.2, label='at init (mean)')
-  ax.plot([], [], 'kx', ms=8, mew=2, label='diverged (off-scale: top edge)')
-  ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
+  _side_legend(axes, 'final validation loss (bits per byte)', 'at init (mean)',
+               'diverged (off-scale: top edge)')
   figures.append(plotting.save(
       fig, workdir, 'lr_sweep.png',
       title=f'Validation loss against the learning rate (mean +- s.e. over {_seeds(n)})'))
@@ -723,11 +735,7 @@ def plot(cells, analysis, methods, widths, rates, n, workdir) -> list[str]:
     ax.set_yscale('log')
     ax.set_xlabel('AdamW learning rate (peak)')
     ax.set_title(f'width {w}', fontsize=10)
-  axes[0][0].set_ylabel('max attention logit over training')
-  ax = axes[0][-1]
-  ax.plot([], [], ':', color='0.5', lw=1.2, label='at step 0 (mean)')
-  ax.plot([], [], 'kx', ms=8, mew=2, label='diverged')
-  ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.01, 0.5))
+  _side_legend(axes, 'max attention logit over training', 'at step 0 (mean)', 'diverged')
   figures.append(plotting.save(
       fig, workdir, 'attention_logits.png',
       title=f'Max |q.k|/sqrt(d_head) over training against the rate (mean over {_seeds(n)})'))
