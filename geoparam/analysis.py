@@ -187,32 +187,25 @@ def _bias(params, key, kernel, kind, name=None, default=0.0) -> jax.Array:
   return _per_feature(params[key], name or key, kernel, kind)
 
 
-def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
-  """Effective affine map `(w, b)` of a layer: unit i is `relu(w[:, i]^T x + b[i])` up to a factor.
+def _sp_affine(params, kind):
+  """'sp': the plain Dense's `(kernel, bias)`."""
+  _need(params, ('kernel',), kind)
+  w = _kernel(params['kernel'])
+  return w, _bias(params, 'bias', w, kind)
 
-  Args:
-    params: one layer's variables in the canonical form of `kind` (module docstring).
-    kind: one of `KINDS`.
 
-  Returns:
-    `(w, b)`: `w` of shape `(fan_in, features)`, `b` of shape `(features,)`.
-    For a method with a gain (GmP) `w = u(theta)` (unit columns) and `b = lam`
-    (the positive output scale is dropped); BN and MBN are folded with `batch_stats`.
-  """
-  kind = _check_kind(kind)
-  method = _method_of(kind)
-  if method is not None:
-    return _method_affine(params, method, kind)
-  if kind == 'sp':
-    _need(params, ('kernel',), kind)
-    w = _kernel(params['kernel'])
-    return w, _bias(params, 'bias', w, kind)
-  if kind == 'wn_mbn':
-    _need(params, ('kernel', 'scale', 'batch_stats'), kind)
-    _need(params['batch_stats'], ('mean',), kind)
-    w, _ = _method_affine({k: params[k] for k in ('kernel', 'scale')}, methods.get('wn'), kind)
-    shift = _bias(params.get('mbn', {}), 'bias', w, kind, 'mbn/bias')
-    return w, shift - _per_feature(params['batch_stats']['mean'], 'batch_stats/mean', w, kind)
+def _wn_mbn_affine(params, kind):
+  """'wn_mbn': WN's `(w, 0)` then the mean-only BN: `b = mbn/bias - mean`."""
+  _need(params, ('kernel', 'scale', 'batch_stats'), kind)
+  _need(params['batch_stats'], ('mean',), kind)
+  w, _ = _method_affine({k: params[k] for k in ('kernel', 'scale')}, methods.get('wn'), kind)
+  shift = _bias(params.get('mbn', {}), 'bias', w, kind, 'mbn/bias')
+  return w, shift - _per_feature(params['batch_stats']['mean'], 'batch_stats/mean', w, kind)
+
+
+def _bn_affine(params, kind):
+  """'bn': the Dense, then BatchNorm folded with `batch_stats`:
+  `gamma (w^T x + b - mean) / sqrt(var + eps) + beta`."""
   _need(params, ('dense', 'batch_stats'), kind)
   dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
   _need(dense, ('kernel',), kind)
@@ -226,9 +219,30 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
   beta = _bias(bn, 'bias', w, kind, 'bn/bias')
   mean = _per_feature(stats['mean'], 'batch_stats/mean', w, kind)
   var = _per_feature(stats['var'], 'batch_stats/var', w, kind)
-  # gamma (w^T x + b - mean) / sqrt(var + eps) + beta
   factor = gamma / jnp.sqrt(var + eps)
   return w * factor[None, :], factor * (b - mean) + beta
+
+
+# The kinds that are no method (module docstring), each with its `(w, b)`.
+_NOT_METHODS = {'sp': _sp_affine, 'wn_mbn': _wn_mbn_affine, 'bn': _bn_affine}
+
+
+def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
+  """Effective affine map `(w, b)` of a layer: unit i is `relu(w[:, i]^T x + b[i])` up to a factor.
+
+  Args:
+    params: one layer's variables in the canonical form of `kind` (module docstring).
+    kind: one of `KINDS`.
+
+  Returns:
+    `(w, b)`: `w` of shape `(fan_in, features)`, `b` of shape `(features,)`.
+    For a method with a gain (GmP) `w = u(theta)` (unit columns) and `b = lam`
+    (the positive output scale is dropped); BN and MBN are folded with `batch_stats`.
+  """
+  method = _method_of(_check_kind(kind))
+  if method is not None:
+    return _method_affine(params, method, kind)
+  return _NOT_METHODS[kind](params, kind)
 
 
 def _refuse_zero(norm, where: str, arg: str, what: str) -> None:

@@ -135,11 +135,26 @@ def _linear(a: LayerArgs):
   return _layer(a, nn.Dense, nn.Conv, use_bias=a.use_bias, kernel_init=a.kernel_init)
 
 
+def _stored(params, name, kind) -> dict:
+  """The layer's variables as it stores them at `name` (a plain Dense's, a method's)."""
+  del kind
+  return dict(params[name])
+
+
+def _weight_norm(params, name, kind) -> dict:
+  """flax's WeightNorm of a Dense in analysis' 'wn' form: its gain lives in `{name}_wn`."""
+  return dict(kernel=_lookup(params, (name, 'kernel'), 'params', kind),
+              scale=_lookup(params, (f'{name}_wn', f'{name}/kernel/scale'), 'params', kind),
+              bias=params[name].get('bias'))
+
+
 class WeightKind(NamedTuple):
   """How a weight kind is built: `build(x, args) -> y`; `activates`: the layer applies the
-  activation itself (GmP's paper form, `scale * relu(u^T x + lam)`)."""
+  activation itself (GmP's paper form, `scale * relu(u^T x + lam)`); `read(params, name, kind)`:
+  its variables in `geoparam.analysis`' canonical form (`layer_variables`)."""
   build: Callable[[jax.Array, LayerArgs], jax.Array]
   activates: bool = False
+  read: Callable[[Mapping[str, Any], str, str], dict] = _stored
 
 
 # Weight kind (a row's `weights`) -> its layer, from geoparam (paper-form layers) and flax
@@ -147,7 +162,7 @@ class WeightKind(NamedTuple):
 WEIGHTS = {
     'plain': WeightKind(lambda x, a: _linear(a)(x)),
     'wn': WeightKind(lambda x, a: nn.WeightNorm(  # gain in `{name}_wn` (flax)
-        _linear(a), param_dtype=a.param_dtype, name=a.part('wn'))(x)),
+        _linear(a), param_dtype=a.param_dtype, name=a.part('wn'))(x), read=_weight_norm),
     'sn': WeightKind(lambda x, a: nn.SpectralNorm(
         _linear(a), param_dtype=a.param_dtype, name=a.part('sn'))(x, update_stats=a.train)),
     'lcw': WeightKind(lambda x, a: _layer(a, geoparam.LCWDense, geoparam.LCWConv,
@@ -322,26 +337,16 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
   running = variables.get('batch_stats', {})
   if name not in p:
     raise ValueError(f'no layer {name!r} in params; layers: {sorted(p)}.')
-  if kind == 'sp':
-    return dict(p[name])
-  if kind in ('wn', 'wn_mbn'):
-    out = dict(kernel=_lookup(p, (name, 'kernel'), 'params', kind),
-               scale=_lookup(p, (f'{name}_wn', f'{name}/kernel/scale'), 'params', kind))
-    if kind == 'wn':
-      out['bias'] = p[name].get('bias')
-      return out
-    out['mbn'] = dict(_lookup(p, (f'{name}_mbn',), 'params', kind))
-    out['batch_stats'] = batch_stats if batch_stats is not None else _lookup(
-        running, (f'{name}_mbn',), 'batch_stats', kind)
-    return out
-  if kind == 'bn':
-    return dict(dense=dict(p[name]), bn=dict(_lookup(p, (f'{name}_bn',), 'params', kind)),
-                batch_stats=batch_stats if batch_stats is not None else _lookup(
-                    running, (f'{name}_bn',), 'batch_stats', kind),
-                epsilon=bn_epsilon)
-  out = dict(p[name])  # a method's variables (GmP's), as its record stores them
-  method = geoparam.methods.get(kind)
-  if method.imn is not None:
+  row = PARAMETERIZATIONS[kind]
+  out = WEIGHTS[row.weights].read(p, name, kind)
+  if row.norm in NORM_PARTS:
+    part = f'{name}_{row.norm}'
+    norm_params = dict(_lookup(p, (part,), 'params', kind))
+    stats = batch_stats if batch_stats is not None else _lookup(
+        running, (part,), 'batch_stats', kind)
+    return NORM_PARTS[row.norm](out, norm_params, stats, bn_epsilon)
+  method = geoparam.methods.REGISTRY.get(kind, lambda: None)()
+  if method is not None and method.imn is not None:
     if batch_stats is None:
       batch_stats = running.get(name, {}).get('input_mean_norm')
     if batch_stats is None:  # the first layer has no IMN (the studies' placement): mean 0
@@ -349,6 +354,22 @@ def layer_variables(variables: Mapping[str, Any], kind: str, name: str = 'hidden
       batch_stats = {'mean': jnp.zeros(shape[:1], geoparam.methods.base.layer_dtype(out, spec))}
     out['batch_stats'] = batch_stats
   return out
+
+
+# A normalization's part of `layer_variables` (analysis' canonical form), from the weight
+# layer's variables, the normalization's params, its statistics and BN's epsilon.
+NORM_PARTS = {
+    'bn': lambda out, params, stats, eps: dict(dense=out, bn=params, batch_stats=stats,
+                                               epsilon=eps),
+    'mbn': lambda out, params, stats, eps: {**out, 'mbn': params, 'batch_stats': stats},
+}
+# A normalization's statistics on a batch `x` of the layer's inputs (the training-mode function).
+TRAINING_STATS = {
+    'bn': lambda variables, name, x: analysis.batch_statistics(
+        x @ variables['params'][name]['kernel']),
+    'mbn': lambda variables, name, x: {'mean': jnp.mean(x @ analysis.affine(  # WN's (WN+MBN)
+        layer_variables(variables, 'wn', name), 'wn')[0], axis=0)},
+}
 
 
 def apply_train(model: nn.Module, variables: Mapping[str, Any], x):
@@ -373,12 +394,9 @@ def hidden_layer(variables: Mapping[str, Any], method: str, x=None,
   inputs `x` (the full batch), with the statistics of `x`: the function the
   layer computes in training mode on that batch.
   """
-  stats = None
-  if x is not None and method == 'bn':
-    stats = analysis.batch_statistics(x @ variables['params'][name]['kernel'])
-  elif x is not None and method == 'wn_mbn':
-    w, _ = analysis.affine(layer_variables(variables, 'wn', name), 'wn')
-    stats = {'mean': jnp.mean(x @ w, axis=0)}
+  norm = PARAMETERIZATIONS[method].norm
+  stats = None if x is None or norm not in TRAINING_STATS else TRAINING_STATS[norm](
+      variables, name, x)
   return layer_variables(variables, method, name, batch_stats=stats)
 
 

@@ -302,35 +302,58 @@ def _hidden_names(params) -> list[str]:
                 if n.startswith(p) and n[len(p):].isdigit())
 
 
+def _rescale_plain(params, name, draw, scale, pick) -> dict:
+  """nn.Dense/nn.Conv: the kernel scaled, or the careless draw itself."""
+  layer = dict(params[name])
+  kernel = layer['kernel']
+  layer['kernel'] = pick(draw(kernel.shape, kernel.dtype), scale * kernel)
+  return {name: layer}
+
+
+def _rescale_weight_norm(params, name, draw, scale, pick) -> dict:
+  """flax's WeightNorm of it: the gain scaled; careless, the draw and its norm per unit."""
+  layer, wn = dict(params[name]), dict(params[f'{name}_wn'])
+  w = draw(layer['kernel'].shape, layer['kernel'].dtype)
+  layer['kernel'] = pick(w, layer['kernel'])
+  norm = jnp.sqrt(jnp.sum(w ** 2, axis=tuple(range(w.ndim - 1))))
+  wn[f'{name}/kernel/scale'] = pick(norm, scale * wn[f'{name}/kernel/scale'])
+  return {name: layer, f'{name}_wn': wn}
+
+
+def _rescale_method(kind: str):
+  """A method's variables (GmP's): its record's gain scaled; careless, its record's form
+  (`from_kernel`) of the N(0, 1) draw."""
+  record = geoparam.methods.get(kind)
+  if record.gain is None or record.from_kernel is None:
+    raise ValueError(f'weight kind {kind!r}: its method has no gain or no from_kernel, so no '
+                     'init scale is defined.')
+
+  def rescale(params, name, draw, scale, pick):
+    layer = params[name]
+    shape, _ = geoparam.methods.base.dense_spec(record, layer, name)
+    w = draw(shape, layer[record.gain].dtype)
+    new = record.from_kernel(w, jnp.zeros(shape[1:], w.dtype), True)
+    return {name: {k: pick(new[k], scale * v if k == record.gain else v)
+                   for k, v in layer.items()}}
+  return rescale
+
+
+# A weight kind's rescaling (`models.WEIGHTS`' keys; any other is a method of the library).
+RESCALE = {'plain': _rescale_plain, 'wn': _rescale_weight_norm}
+
+
 def rescale(variables, method: str, scale, careless, key):
   """`variables` of `models.MLP` (or `models.CNN`) with the hidden (conv) layers' init scaled by
   `scale`, or (where `careless`) replaced by the careless N(0, 1) init (see the module
   docstring); traceable, so `scale` and `careless` may differ per vmapped member. A conv
   kernel's units are its output channels (last axis)."""
   kind = models.PARAMETERIZATIONS[method].weights
+  layer_rescale = RESCALE[kind] if kind in RESCALE else _rescale_method(kind)
   params = dict(variables['params'])  # a shallow copy: edited layers are new dicts
   pick = lambda new, old: jnp.where(careless, new, old).astype(old.dtype)
   for i, name in enumerate(_hidden_names(params)):
-    layer = dict(params[name])
-    if kind in ('plain', 'wn'):  # nn.Dense/nn.Conv, and flax's WeightNorm of it
-      kernel = layer['kernel']
-      w = jax.random.normal(jax.random.fold_in(key, i), kernel.shape, kernel.dtype)
-      layer['kernel'] = pick(w, scale * kernel if kind == 'plain' else kernel)
-      if kind == 'wn':  # the gain: g = |w| per unit, careless
-        wn = dict(params[f'{name}_wn'])
-        g = wn[f'{name}/kernel/scale']
-        norm = jnp.sqrt(jnp.sum(w ** 2, axis=tuple(range(w.ndim - 1))))
-        wn[f'{name}/kernel/scale'] = pick(norm, scale * g)
-        params[f'{name}_wn'] = wn
-    else:  # a method's variables (GmP's): its record's gain and its form of the N(0, 1) draw
-      record = geoparam.methods.get(kind)
-      if record.gain is None or record.from_kernel is None:
-        raise ValueError(f'method {method!r}: no init scale defined for weight kind {kind!r}.')
-      shape, _ = geoparam.methods.base.dense_spec(record, layer, name)
-      w = jax.random.normal(jax.random.fold_in(key, i), shape, layer[record.gain].dtype)
-      new = record.from_kernel(w, jnp.zeros(shape[1:], w.dtype), True)
-      layer = {k: pick(new[k], scale * v if k == record.gain else v) for k, v in layer.items()}
-    params[name] = layer
+    draw = lambda shape, dtype, i=i: jax.random.normal(jax.random.fold_in(key, i), shape, dtype)
+    params.update(layer_rescale(params, name, draw, scale, pick))
   return {**variables, 'params': params}
 
 
