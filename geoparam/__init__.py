@@ -61,15 +61,12 @@ __all__ = [
   'reparameterize',
   'schedules',
   'to_reparameterized',
-  'transform',
   'variance',
-  'wrappers',
 ]
 
 
 # The linen shell's names, by their module in `geoparam.linen`, imported by `__getattr__`
-# (PEP 562) when first used; so are the modules named here (`geoparam.transform` is
-# `geoparam.linen.transform`).
+# (PEP 562) when first used; so is `geoparam.linen` itself.
 _LINEN = {
     **dict.fromkeys(('CWNConv', 'CWNDense', 'GmPConv', 'GmPDense', 'InputMeanNorm', 'LCWConv',
                      'LCWDense', 'MeanOnlyBatchNorm', 'PReLU', 'StandardizationLayer'), 'layers'),
@@ -77,16 +74,14 @@ _LINEN = {
                     'transform'),
     **dict.fromkeys(('CWN', 'GmP', 'LCW', 'Reparam', 'WN'), 'wrappers'),
 }
-_LINEN_MODULES = {'linen': 'geoparam.linen', 'transform': 'geoparam.linen.transform',
-                  'wrappers': 'geoparam.linen.wrappers'}
 
 
 def __getattr__(name):
-  """A linen name (or module), imported from `geoparam.linen` on its first use."""
+  """A linen name (or `geoparam.linen`), imported from `geoparam.linen` on its first use."""
   if name in _LINEN:
     value = getattr(importlib.import_module(f'geoparam.linen.{_LINEN[name]}'), name)
-  elif name in _LINEN_MODULES:
-    value = importlib.import_module(_LINEN_MODULES[name])
+  elif name == 'linen':
+    value = importlib.import_module('geoparam.linen')
   else:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
   globals()[name] = value
@@ -94,4 +89,4 @@ def __getattr__(name):
 
 
 def __dir__():
-  return sorted(set(globals()) | set(__all__) | set(_LINEN_MODULES))
+  return sorted(set(globals()) | set(__all__) | {'linen'})
