@@ -434,6 +434,9 @@ class PaperForm(nn.Module):
         raise TypeError(f'{name}: {field} is not used (GmP draws its own parameters): set '
                         'theta_init, lam_init or scale_init, or wrap the plain layer with '
                         "geoparam.GmP(layer, initialization='layer') to convert its draw.")
+    if method.after is not None and isinstance(getattr(self, 'kernel_size', ()), int):
+      raise ValueError(f'{name}: kernel_size must be a tuple of positive ints, one per spatial '
+                       f'dim, got {self.kernel_size!r} (one spatial dim, or a 3x3 meant?).')
     return call(self, method, layer, inputs, use_running_average,
                 getattr(self, 'use_running_average', None))
 

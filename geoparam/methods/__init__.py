@@ -19,6 +19,7 @@ A new method is a factory returning a `Method` and one `register` call.
 from __future__ import annotations
 
 from collections.abc import Callable
+import functools
 import inspect
 from typing import Any
 
@@ -71,9 +72,11 @@ def _named(factory) -> str:
   return f'{getattr(factory, "__module__", "?")}.{qualname}' if qualname else repr(factory)
 
 
+@functools.cache
 def options_of(factory: Callable[..., Method]) -> dict[str, Any]:
   """`{option: default}` of a factory (its named parameters, in order; `inspect.Parameter.empty`
-  where one has no default): the fields of the shells' named classes built on it.
+  where one has no default): the fields of the shells' named classes built on it. Cached (the
+  layers read it at every call): do not change the dict.
 
     >>> options_of(WRAPPERS['CWN'])
     {'scale_init': <function ones at ...>, 'epsilon': 1e-12}
