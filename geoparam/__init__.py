@@ -23,6 +23,7 @@ from geoparam.activations import prelu
 from geoparam.he_init import he_normal
 from geoparam.he_init import he_uniform
 from geoparam.masks import decay_mask
+from geoparam.masks import param_groups
 from geoparam.methods.gmp import gmp_kernel
 
 __version__ = '0.1.0'
@@ -57,6 +58,7 @@ __all__ = [
   'lcw',
   'masks',
   'methods',
+  'param_groups',
   'prelu',
   'reparameterize',
   'schedules',

@@ -33,7 +33,7 @@ import numpy as np
 
 from geoparam import checks
 
-__all__ = ['Method', 'Param', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
+__all__ = ['Method', 'Param', 'ROLES', 'Layer', 'IMN', 'with_imn', 'init', 'fan_in', 'check_fan_in',
            'stored_dtype', 'layer_dtype',
            'check_zero_sum', 'with_layer_bias', 'bias_names', 'dense_spec']
 
@@ -50,11 +50,19 @@ class Param(NamedTuple):
   direction at fan-in 4608 in bf16, against ~0.2% for a bf16 kernel).
   `fixed`: gets no gradient (`apply` stops it: GmP's fan-in-1 `sign`), so not a
   trainable coordinate.
+  `role`: what the variable is to an optimizer (`geoparam.param_groups`), one of `ROLES`:
+  `'direction'` (GmP's angles, LCW's `v`, WN's and CWN's `kernel`), `'scale'` (a per-unit
+  gain), `'bias'` (GmP's `lam`, a bias) or `'fixed'` (GmP's fan-in-1 `sign`).
   """
   shape: Shape
   init: Initializer
   min_dtype: Any = None
   fixed: bool = False
+  role: str = 'direction'
+
+
+#: The roles a method's variable may play (`Param.role`).
+ROLES = ('direction', 'scale', 'bias', 'fixed')
 
 
 def stored_dtype(param: Param, param_dtype) -> Any:

@@ -46,6 +46,7 @@ __all__ = ['gmp', 'gmp_imn', 'switched', 'paper', 'INITIALIZATIONS', 'unit',
            'gmp_kernel', 'from_dense_traced', 'from_dense', 'to_dense', 'columns']
 
 INITIALIZATIONS = ('paper', 'layer')
+_ROLES = {'theta': 'direction', 'lam': 'bias', 'scale': 'scale', 'sign': 'fixed'}
 
 
 def gmp_kernel(theta: jax.Array, sign: jax.Array | None = None) -> jax.Array:
@@ -287,7 +288,7 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
       inits = {name: (lambda name: lambda _, shape, dtype=jnp.float32: draw(dtype)[name])(name)
                for name in shapes}
     return {name: base.Param(shape, inits[name], jnp.float32 if name == 'theta' else None,
-                             fixed=name == 'sign')
+                             fixed=name == 'sign', role=_ROLES[name])
             for name, shape in shapes.items()}
 
   return base.Method('gmp', params, _apply, _convert, _bake, gain='scale',

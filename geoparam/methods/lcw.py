@@ -81,7 +81,7 @@ def lcw() -> base.Method:
 
     out = {'v': base.Param((base.fan_in(kernel_shape) - 1, kernel_shape[-1]), v_init)}
     if layer.use_bias:
-      out['bias'] = base.Param((kernel_shape[-1],), layer.bias_init)
+      out['bias'] = base.Param((kernel_shape[-1],), layer.bias_init, role='bias')
     return out
 
   return base.Method('lcw', params, _apply, _convert, _bake, min_fan_in=2,

@@ -47,9 +47,9 @@ def normed(name: str, formula: Callable, scale_init, epsilon: float, min_fan_in:
   def params(kernel_shape, layer, new_key):
     del new_key
     out = {'kernel': base.Param(tuple(kernel_shape), layer.kernel_init),
-           'scale': base.Param((kernel_shape[-1],), scale_init)}
+           'scale': base.Param((kernel_shape[-1],), scale_init, role='scale')}
     if layer.use_bias:
-      out['bias'] = base.Param((kernel_shape[-1],), layer.bias_init)
+      out['bias'] = base.Param((kernel_shape[-1],), layer.bias_init, role='bias')
     return out
 
   def apply(params, kernel_shape):
