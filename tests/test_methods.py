@@ -309,3 +309,12 @@ def test_bf16_params_keep_the_angles_in_float32():
       jnp.float32)
   converted = methods.get('gmp').convert(np.ones((5, 2)), np.zeros(2), jnp.bfloat16, True)
   assert converted['theta'].dtype == jnp.float32 and converted['scale'].dtype == jnp.bfloat16
+
+
+def test_with_imn_keeps_the_imn_a_method_has():
+  built = methods.get('gmp_imn', momentum=0.5, axis_name='batch')
+  assert methods.with_imn(built).imn == methods.IMN(0.5, 'batch')
+  assert methods.with_imn(built, momentum=0.9).imn == methods.IMN(0.9, 'batch')
+  assert methods.with_imn(methods.get('wn')).imn == methods.IMN()  # the defaults
+  with pytest.raises(ValueError, match='momentum'):
+    methods.with_imn(built, momentum=1.5)

@@ -160,15 +160,20 @@ class Method(NamedTuple):
   after: Callable[[jax.Array, Params], jax.Array] | None = None
 
 
-def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None = None) -> Method:
+def with_imn(method: Method | str, momentum: float | None = None,
+             axis_name: str | None = None) -> Method:
   """`method` with input mean normalization: GmP+IMN is `with_imn(gmp())`.
 
     >>> from geoparam import methods
     >>> methods.with_imn(methods.get('gmp')).imn
     IMN(momentum=0.99, axis_name=None)
+    >>> methods.with_imn(methods.get('gmp_imn', momentum=0.5)).imn.momentum  # kept
+    0.5
 
   `method`: a `Method`, or a registry name, built by `geoparam.methods.get` with its default
   options (`with_imn('wn')` is `with_imn(get('wn'))`; build it with `get` to pass options).
+  `momentum`, `axis_name`: None keeps those of a method that has IMN already, else
+  `IMN`'s defaults (0.99, no named axis).
   """
   if isinstance(method, str):
     from geoparam import methods  # pylint: disable=g-import-not-at-top (the registry imports us)
@@ -176,11 +181,12 @@ def with_imn(method: Method | str, momentum: float = 0.99, axis_name: str | None
   if not isinstance(method, Method):
     raise TypeError(f'with_imn: method must be a registry name or a geoparam.methods.Method, got '
                     f'{method!r:.80} of type {type(method).__name__}.')
-  checks.momentum(momentum)
+  imn = method.imn or IMN()
+  momentum = imn.momentum if momentum is None else checks.momentum(momentum)
   if axis_name is not None and not isinstance(axis_name, str):
     raise TypeError(f'axis_name must be None or the name (str) of a mapped axis, got '
                     f'{axis_name!r}.')
-  return method._replace(imn=IMN(momentum, axis_name))
+  return method._replace(imn=IMN(momentum, axis_name or imn.axis_name))
 
 
 def fan_in(kernel_shape: Shape) -> int:
