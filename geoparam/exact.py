@@ -22,13 +22,24 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bias_free_error', 'bn_affine', 'fed_layer', 'identity_batchnorm', 'stack_of',
+__all__ = ['bias_free_error', 'kernel_of', 'bn_affine', 'fed_layer', 'identity_batchnorm', 'stack_of',
            'layout_of', 'imn_width', 'convert_layer', 'plain_layer']
 
 
 def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
   """`kinds.layout_of`, its errors naming the layer at `path`."""
   return kinds.layout_of(layer, inputs_shape, f'{type(layer).__name__} at {_name(path)}')
+
+
+def kernel_of(kind: kinds.Kind, variables, path=()):
+  """`variables[kind.kernel]`: a layer's kernel from its variables (a dict by name); a kind that
+  names a variable the layer does not hold raises a ValueError saying what it holds."""
+  if kind.kernel not in variables:
+    raise ValueError(
+        f'layer {_name(path)}: its kind {kind.name!r} names the kernel variable {kind.kernel!r}, '
+        f'but the layer holds {sorted(variables)}: give the Kind the name the layer stores its '
+        "kernel under (geoparam.kinds.Kind(..., kernel='...')).")
+  return variables[kind.kernel]
 
 
 def bn_affine(mean, var, epsilon: float, scale=None, bias=None):
@@ -123,6 +134,11 @@ def stack_of(kernel_shape, layout: kinds.Layout, path=()) -> tuple[int, ...]:
   """
   own, kernel_shape = tuple(layout.kernel_shape), tuple(kernel_shape)
   extra = len(kernel_shape) - len(own)
+  if extra == 0 and kernel_shape != own:
+    raise ValueError(
+        f'layer {_name(path)}: its stored kernel has shape {kernel_shape}, but its kind\'s layout '
+        f'gives {own} for these inputs (features, fan-in or axes differ): a kind\'s layout must '
+        'return the kernel shape the layer builds (geoparam.kinds.Layout).')
   if extra < 0 or kernel_shape[extra:] != own:
     raise ValueError(
         f'layer {_name(path)}: its stored kernel has shape {kernel_shape}, but the layer '

@@ -85,10 +85,11 @@ class Layout(NamedTuple):
 
   def names(self, names):
     """Sharding names of the layer's kernel, relabelled for the method's: the flattened units
-    take the first unit axis's name (`('embed', 'heads', 'kv')` -> `('embed', 'heads')`)."""
+    take the first unit axis's name (`('embed', 'heads', 'kv')` -> `('embed', 'heads')`).
+    Fewer names than axes name the leading ones, as a `PartitionSpec` does (Flax accepts them)."""
     if names is None:
       return None
-    names = tuple(names)
+    names = tuple(names) + (None,) * (len(self.kernel_shape) - len(names))
     return tuple(names[a] for a in self.fan_in_axes) + (names[self.unit_axes[0]],)
 
 
@@ -192,9 +193,14 @@ def layout_of(layer, inputs_shape, name: str, shell: Shell | None = None) -> Lay
   """`kind_of(layer, ...).layout(layer, inputs_shape)`, its errors naming `name`."""
   kind = kind_of(layer, name, shell)
   try:
-    return kind.layout(layer, tuple(inputs_shape))
+    layout = kind.layout(layer, tuple(inputs_shape))
   except ValueError as e:
     raise ValueError(f'{name}: {e}') from None
+  if not isinstance(layout, Layout):
+    raise TypeError(f'{name}: the layout of its kind {kind.name!r} returned {layout!r:.60} of type '
+                    f'{type(layout).__name__}, not a geoparam.kinds.Layout(kernel_shape, '
+                    'unit_axes).')
+  return layout
 
 
 # ----------------------------------------------------------------------------- fields

@@ -103,7 +103,9 @@ def check_selection(model: str, method: str, seen, chosen, where, exclude, verb:
     raise ValueError(
         f'reparameterize({model}, {method!r}): no layer was selected ({", ".join(kind_names)}; '
         f'where={where!r}, exclude={list(exclude)}); the model {verb} {shown or "none"}. A '
-        'selection that matches nothing leaves the model plain.')
+        'selection that matches nothing leaves the model plain. A layer class of your own is '
+        'a candidate once registered: geoparam.kinds.register(geoparam.kinds.Kind(...), '
+        'MyLayer).')
   unmatched = [e for e in exclude if not any(excluded(p, (e,)) for p in seen)]
   if unmatched:
     raise ValueError(f'reparameterize({model}): exclude entries {unmatched} name no layer the '

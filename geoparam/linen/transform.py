@@ -191,7 +191,8 @@ class Reparameterized(nn.Module):
       layer = context.module
       if pending and layer is pending[-1][0]:  # called below only to create its bias term
         return pending.pop()[1]()
-      if wrappers.bypassed() or context.method_name != '__call__':
+      if (wrappers.bypassed() or context.method_name != '__call__'
+          or not _in_model(layer, self)):
         return next_fun(*args, **kwargs)
       path = tuple(layer.path[prefix:])
       kind = _candidate(self, layer, path, seen)
@@ -234,6 +235,13 @@ class Reparameterized(nn.Module):
     if method.imn is not None and imn_frozen and not self.is_initializing():
       _check_imn_mode(self, imn_frozen[0], modes)
     return out
+
+
+def _in_model(layer: nn.Module, model: nn.Module) -> bool:
+  """Whether `layer` is `model` or one of its layers (its path below the model's), not a layer
+  the model applies with variables it supplies itself (`head.apply({'params': {'kernel':
+  tied}}, h)`, a tied head: a new root, path `()`), which stays plain."""
+  return layer.scope is model.scope or len(layer.path) > len(model.path)
 
 
 def _training_flag(layer: nn.Module, args, kwargs):
@@ -356,12 +364,15 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
   `layers` are the selected calls of a layer kind (`geoparam.kinds`), `norms` every BatchNorm
   call (path -> _Call). With `abstract`, only shapes are traced (`jax.eval_shape`).
   """
-  layers, norms, seen = {}, {}, []
+  layers, norms, seen, roots = {}, {}, [], []
 
   def intercept(next_fun, a, k, context):
     m = context.module
+    if not roots:
+      roots.append(m)  # the model: the outermost call's module
     y = next_fun(*a, **k)
-    if context.method_name == '__call__' and not wrappers.bypassed():
+    if (context.method_name == '__call__' and not wrappers.bypassed()
+        and _in_model(m, roots[0])):
       path = tuple(m.path)
       kind = _candidate(rp, m, path, seen)
       if isinstance(m, nn.BatchNorm):
@@ -520,15 +531,17 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   for path, call in layers.items():
     kind = kinds.of(call.layer)
     sp = _get(variables['params'], path)
-    kernel = meta.unbox(sp[kind.kernel])
+    kernel = meta.unbox(exact.kernel_of(kind, sp, path))
     bias = meta.unbox(sp[kind.bias]) if kind.bias in sp else None
     layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
     stack = exact.stack_of(jnp.shape(kernel), layout, path)
     stored, mean = exact.convert_layer(method, call.layer, kernel, bias, call.inputs, path,
                                        folds.get(path), stack)
     box, n = sp[kind.kernel], len(stack)
+    names = tuple(getattr(box, 'names', ())) + (None,) * (n + len(layout.kernel_shape))
     box = None if not isinstance(box, nn.Partitioned) else dataclasses.replace(
-        box, names=box.names[:n] + layout.names(box.names[n:]))  # as the wrappers make them
+        box, names=names[:n] + layout.names(names[n:n + len(layout.kernel_shape)]))  # as the
+    # wrappers make them; fewer names than axes name the leading ones (a PartitionSpec's rule)
     _put(new['params'], path, {k: wrappers.box_like(v, stack + layout.method_shape, box, n)
                                for k, v in stored.items()})
     if mean is not None:
@@ -553,6 +566,10 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   """
   _check_args('bake', rp, variables)
   checks.flag('approximate_borders', approximate_borders, 'bake')
+  if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(variables)):
+    raise TypeError('bake: the variables are traced (bake called inside jax.jit, vmap or grad): '
+                    'it converts concrete weights exactly, in float64 on the host; call it '
+                    'outside the transformation, on the variables it returns.')
   method = rp.get_method()
   layers, norms = _record(rp, None, args, kwargs, abstract=True)
   boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))
@@ -569,7 +586,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     layer = call.layer
     kind = kinds.of(layer)
     layout = exact.layout_of(layer, jnp.shape(call.inputs), path)
-    plain_kernel = _get(shapes['params'], path)[kind.kernel]
+    plain_kernel = exact.kernel_of(kind, _get(shapes['params'], path), path)
     stack = exact.stack_of(plain_kernel.shape, layout, path)
     stored = _lookup(variables, 'params', path)
     specs = method.params(layout.method_shape, methods.Layer(use_bias=kind.has_bias(layer)),

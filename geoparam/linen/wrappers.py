@@ -310,6 +310,8 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
     input_mean = lambda flat: imn.mean(flat, use_running_average)
   params, compute = _variables(holder, method, layer, layout, use_bias, ops)
   ops = ops or layer_ops(layer, layout, inputs.ndim, method.imn is not None)
+  if holder.is_mutable_collection('intermediates'):  # capture_intermediates=True, or asked for
+    _sow_weights(holder, method, params, layout, compute)
   try:
     return run.forward(method, params, ops, inputs,
                        kernel_shape, input_mean, compute)
@@ -321,6 +323,17 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
         f'(input_mean_norm/mean), which this call cannot reach: pass the variables with their '
         "batch_stats, and give a layer inside nn.scan/nn.vmap variable_axes={'params': 0, "
         "'batch_stats': 0} (as for BatchNorm). Flax said: " + str(e).split(' (https')[0]) from None
+
+
+def _sow_weights(holder: nn.Module, method: methods.Method, params, layout: kinds.Layout,
+                 dtype) -> None:
+  """Sows the kernel and bias the layer runs with, in its own layout, as `intermediates`
+  `kernel` and `bias` of `holder` (computed again from the params: no stored copy)."""
+  kernel, bias = method.apply(params, layout.method_shape)
+  kernel, bias = layout.to_layer(kernel.astype(dtype), None if bias is None else bias.astype(dtype))
+  holder.sow('intermediates', 'kernel', kernel)
+  if bias is not None:
+    holder.sow('intermediates', 'bias', bias)
 
 
 def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs, outputs):
