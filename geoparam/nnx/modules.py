@@ -654,7 +654,8 @@ class Reparam(nnx.Module):
     if imn is not None and not mode:
       run.check_examples(method, jnp.shape(inputs), type(self).__name__)
     params = self.params()
-    if imn is not None and mode and _gradient_traced(params):
+    if imn is not None and mode and isinstance(next(iter(params.values())), jax.core.Tracer) and (
+        _gradient_traced(params)):
       warnings.warn(
           f'{type(self).__name__}: {method.name!r} is differentiated in evaluation mode '
           "(use_running_average=True), so IMN's running mean stays frozen and the batch is not "
