@@ -424,3 +424,16 @@ def test_the_probe_shows_the_layer_to_the_models_code():
   model = gnnx.reparameterize(model, 'gmp_imn', x, drop_batchnorm=True)
   np.testing.assert_allclose(model(x), before, atol=1e-4)
   assert type(model.proj).__name__ == 'Reparam[Linear]'
+
+
+def test_the_read_kernel_carries_the_kernels_sharding_names():
+  init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ('embed', 'mlp'))
+  with jax.set_mesh(jax.make_mesh((1, 1), ('embed', 'mlp'))):
+    dense = nnx.Linear(4, 6, kernel_init=init, rngs=nnx.Rngs(0))
+    g = gnnx.reparameterize(nnx.clone(dense), 'gmp')
+    np.testing.assert_allclose(nnx.jit(lambda m: m.kernel[...])(g), dense.kernel[...], atol=1e-6)
+  assert dense.kernel.get_metadata()['out_sharding'] == ('embed', 'mlp')
+  assert g.kernel.get_metadata('out_sharding') == ('embed', 'mlp')
+  assert g.bias.get_metadata('out_sharding') == ('mlp',)
+  assert g.kernel.sharding_names == ('embed', 'mlp')
+  assert tuple(nnx.state(g, nnx.Param)['theta'].get_metadata()['out_sharding']) == (None, 'mlp')
