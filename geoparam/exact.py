@@ -23,8 +23,7 @@ from geoparam.methods import run
 from geoparam.selection import name as _name
 
 __all__ = ['bias_free_error', 'bn_affine', 'fed_layer', 'identity_batchnorm', 'stack_of',
-           'layout_of', 'imn_width', 'convert_layer', 'plain_layer', 'effective',
-           'convert_weights']
+           'layout_of', 'imn_width', 'convert_layer', 'plain_layer']
 
 
 def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
@@ -343,6 +342,9 @@ def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
           'approximate_borders=True to fold the mean anyway.')
     bias = bias - _mean_dot(kind, layer, np.asarray(mean, np.float64), kernel, path)
   return layout.to_layer(kernel, bias)
+
+
+__all__ += ['effective', 'convert_weights']  # a reparameterized layer's weights read and written
 
 
 def effective(method, layer, stored, layout: kinds.Layout, mean=None):
