@@ -358,3 +358,72 @@ def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
           'approximate_borders=True to fold the mean anyway.')
     bias = bias - _mean_dot(kind, layer, np.asarray(mean, np.float64), kernel, path)
   return layout.to_layer(kernel, bias)
+
+
+__all__ += ['effective', 'convert_weights']  # a reparameterized layer's weights read and written
+
+
+def effective(method, layer, stored, layout: kinds.Layout, mean=None):
+  """`(kernel, bias)` of the plain layer that `method`'s `stored` variables stand for, traceable.
+
+  The jax twin of `plain_layer` for one layer (no stacked axes: vmap over them), read inside
+  `jit` and `grad` (gradients reach the stored variables): the kernel in the layer's layout, the
+  bias `units` (None when the method has none and there is no IMN). IMN's running `mean`
+  (None without IMN) is folded into the bias as `bake` folds it (a zero-padded conv: the
+  interior's fold, `approximate_borders=True`). In the map's dtype (float32 at least).
+  """
+  method = methods.get(method)
+  shape = layout.method_shape
+  kernel, bias = method.apply(stored, shape)
+  if mean is not None:
+    kind = kinds.of(layer)
+    mean = jnp.asarray(mean).astype(kernel.dtype)
+    if kind.taps:
+      k = kernel
+      mask = getattr(layer, 'mask', None)
+      if mask is not None:
+        k = k * jnp.asarray(mask, k.dtype).reshape(k.shape)
+      fold = conv.tap_products(k, mean, jnp, precision=jax.lax.Precision.HIGHEST).sum(0)
+    else:
+      fold = jnp.dot(mean, kernel.reshape(-1, shape[-1]), precision=jax.lax.Precision.HIGHEST)
+    bias = (jnp.zeros(shape[-1], kernel.dtype) if bias is None else bias) - fold
+  return layout.to_layer(kernel, bias)
+
+
+def convert_weights(method, layer, kernel, bias, mean, layout: kinds.Layout, use_bias: bool,
+                    dtype, path=(), stack: tuple[int, ...] = ()):
+  """`method`'s stored variables for the plain `(kernel, bias)` (the layer's layout, float64
+  inside; bias None: zeros), with IMN's running `mean` kept (None without IMN).
+
+  What an assignment to a reparameterized layer's kernel or bias converts: the stored bias
+  takes `w^T mean` (IMN subtracts it again), so `effective` reads `(kernel, bias)` back.
+  `use_bias`: whether the reparameterized layer has a bias term. Raises a ValueError naming
+  the layer where no variables give these weights (the method's own limits, a nonzero bias
+  or running mean without a bias term). `stack`: as in `convert_layer`.
+  """
+  method = methods.get(method)
+
+  def one(index, k, b, m):
+    where = _slice_path(path, index, stack)
+    k = layout.to_method(np.asarray(k, np.float64))
+    b = np.zeros(k.shape[-1]) if b is None else np.asarray(b, np.float64).reshape(-1)
+    if m is not None and np.any(np.asarray(m) != 0):
+      if not use_bias:
+        raise ValueError(
+            f'layer {_name(where)}: {method.name!r} has IMN, whose running mean is nonzero, and '
+            'the layer has no bias term to take w^T mean, so no variables give these weights '
+            "(bake refuses it too). Set the running mean to 0 first (layer.input_mean_norm['mean']"
+            "[...] = 0, which changes the function by w^T mean), or set the method's variables "
+            'directly.')
+      b = b + _mean_dot(kinds.of(layer), layer, np.asarray(m, np.float64), k, where)
+    try:
+      stored = method.convert(k, b, dtype, use_bias)
+    except ValueError as e:
+      raise ValueError(f'layer {_name(where)}: {method.name!r} cannot hold these weights: {e} '
+                       'Assign weights the method can represent, or bake the layer '
+                       '(geoparam.nnx.bake / geoparam.bake) and assign to the plain one.') from None
+    specs = method.params(k.shape, methods.Layer(use_bias=use_bias), lambda: None)
+    return {n: np.asarray(v, methods.base.stored_dtype(specs[n], dtype) if n in specs else dtype)
+            for n, v in stored.items()}
+
+  return _stacked(one, stack, kernel, bias, mean)

@@ -119,7 +119,7 @@ def test_nnx_wrapper_of_a_new_method_matches_numpy(registered, x64):
   x = _x((6, 5))
   dense = nnx.Linear(5, 3, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
   wrapped = gnnx.Reparam(dense, 'expwn')
-  np.testing.assert_array_equal(wrapped.kernel[...], dense.kernel[...])  # from the layer
+  np.testing.assert_array_equal(wrapped.params()['kernel'], dense.kernel[...])  # from the layer
   wrapped.log_scale[...] = jnp.linspace(-1.0, 1.0, 3)
   ref = np.asarray(x) @ _np_expwn(np.asarray(dense.kernel[...]), np.linspace(-1.0, 1.0, 3))
   np.testing.assert_allclose(wrapped(x), ref + np.asarray(dense.bias[...]), rtol=1e-12,

@@ -32,6 +32,7 @@ import functools
 import itertools
 import os
 from typing import Any
+import warnings
 
 from flax import nnx
 from flax.core import meta
@@ -53,7 +54,7 @@ from geoparam.selection import name as _path_name
 
 __all__ = ['Reparam', 'GmP', 'LCW', 'CWN', 'WN', 'GmPLinear', 'GmPConv', 'LCWLinear', 'LCWConv',
            'CWNLinear', 'CWNConv', 'InputMeanNorm', 'MeanOnlyBatchNorm', 'PReLU', 'layer_ops',
-           'layout_of', 'converted']
+           'layout_of', 'converted', 'Weight']
 
 SHELL = kinds.Shell(nnx.Module, 'an NNX layer', 'a linen layer takes geoparam.Reparam')
 kinds.register(kinds.DENSE, nnx.Linear)
@@ -195,6 +196,169 @@ def _keys(seed):
   return lambda: jax.random.fold_in(jax.random.key(seed), next(count))
 
 
+# ----------------------------------------------------------------------------- effective weights
+
+_WEIGHTS = ('kernel', 'bias')
+
+
+class Weight:
+  """A reparameterized layer's effective kernel or bias: what `layer.kernel` / `layer.bias` read.
+
+  Reads like an `nnx.Param` of the plain layer (`[...]`, `get_value()`, `.value`, `.shape`,
+  `.dtype`, `get_metadata()` with the kernel's sharding names, array methods), computed from
+  the method's variables at each read (`geoparam.exact.effective`: in `jit` and `grad` too, the
+  gradients reach theta, scale, ...); not a variable of the model (`nnx.state` holds the
+  method's). `.shape` and `.dtype` compute nothing. A write (`[...] = W`, `set_value(W)`,
+  `.value = W`) converts the whole plain kernel (or bias) exactly into the method's variables
+  (`geoparam.exact.convert_weights`), keeping the other.
+  """
+
+  __slots__ = ('_owner', '_which')
+
+  def __init__(self, owner: 'Reparam', which: str):
+    self._owner, self._which = owner, which
+
+  def get_value(self) -> jax.Array:
+    return self._owner.weights()[_WEIGHTS.index(self._which)]
+
+  def set_value(self, value) -> None:
+    self._owner._assign(**{self._which: value})  # pylint: disable=protected-access
+
+  value = property(get_value, set_value)
+
+  def __getitem__(self, index):
+    value = self.get_value()
+    return value if index is Ellipsis else value[index]
+
+  def __setitem__(self, index, value):
+    if index is Ellipsis or (isinstance(index, slice) and index == slice(None)):
+      self.set_value(value)
+    else:
+      self.set_value(jnp.asarray(self.get_value()).at[index].set(value))
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return self._owner._weight_shape(self._which)  # pylint: disable=protected-access
+
+  @property
+  def dtype(self):
+    return jnp.dtype(self._owner.kernel_dtype)
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    return int(np.prod(self.shape))
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def get_metadata(self, name=None, default=None):
+    names = self._owner._weight_names(self._which)  # pylint: disable=protected-access
+    metadata = {'out_sharding': names} if names else {}
+    return metadata if name is None else metadata.get(name, default)
+
+  @property
+  def sharding_names(self):
+    return self.get_metadata('out_sharding')
+
+  def __array__(self, dtype=None, copy=None):
+    del copy
+    return np.asarray(self.get_value(), dtype)
+
+  def __jax_array__(self):
+    return self.get_value()
+
+  def __getattr__(self, name):  # `.T`, `.reshape(...)`, `.astype(...)`: the array's
+    if name.startswith('_'):
+      raise AttributeError(name)
+    return getattr(self.get_value(), name)
+
+  def __repr__(self):
+    return (f'Weight({type(self._owner).__name__}.{self._which}: shape={self.shape}, '
+            f'dtype={self.dtype}, computed from {list(self._owner.param_names)})')
+
+
+def _binary(name):
+  def op(self, other):
+    other = other.get_value() if isinstance(other, Weight) else other
+    return getattr(self.get_value(), name)(other)
+  op.__name__ = name
+  return op
+
+
+for _op in ('add', 'sub', 'mul', 'truediv', 'floordiv', 'pow', 'matmul', 'mod'):
+  for _name in (f'__{_op}__', f'__r{_op}__'):
+    setattr(Weight, _name, _binary(_name))
+for _name in ('__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__'):
+  setattr(Weight, _name, _binary(_name))
+Weight.__neg__ = lambda self: -self.get_value()
+Weight.__abs__ = lambda self: abs(self.get_value())
+Weight.__hash__ = None
+
+
+class _WeightAttribute:
+  """The class attribute `kernel` / `bias` of `Reparam`: a `Weight` on read (None for a layer
+  without a bias); an assigned array converts exactly. A method variable of the same name
+  (WN's and CWN's `kernel`, the stored direction; LCW's `bias`) stays in the instance's
+  `vars()`, so `nnx.state` and checkpoints keep its name; `params()` reads it."""
+
+  def __init__(self, which: str):
+    self.which = which
+
+  def __get__(self, obj, cls=None):
+    if obj is None:
+      return self
+    return obj._weight(self.which)  # pylint: disable=protected-access
+
+  def __set__(self, obj, value):
+    if isinstance(value, (nnx.Variable, Weight)):
+      raise TypeError(
+          f'{type(obj).__name__}.{self.which}: a reparameterized layer\'s {self.which} is '
+          "computed from the method's variables, so a variable cannot take its place (a tie "
+          'between layers: reparameterize refuses one, naming it; tie the plain layers after '
+          f'bake). Assign an array instead: layer.{self.which} = W (or [...] = W) converts it.')
+    obj._assign(**{self.which: value})  # pylint: disable=protected-access
+
+  def __delete__(self, obj):
+    raise AttributeError(f'{type(obj).__name__}.{self.which} cannot be deleted.')
+
+
+def _put(module, name, value):
+  """Stores `value` under `name` in the module's `vars()` (past the `kernel`/`bias` class
+  attributes), registered as data as `nnx.Module.__setattr__` registers it."""
+  nodes = getattr(module, '_pytree__nodes', None)
+  if getattr(module, '_pytree__is_pytree', False) and nodes is not None and name not in nodes:
+    object.__setattr__(module, '_pytree__nodes', nodes.update({name: True}))
+  vars(module)[name] = value
+
+
+_TYPED: dict[tuple[type, type], type] = {}
+
+
+def _typed(wrapper: type, layer_type: type) -> type:
+  """The class `wrapper[layer_type]`: a subclass of both, made once per pair, so a
+  reparameterized layer is still an instance of its layer's type (as `torch.nn.utils.parametrize`
+  keeps a module's class). `Reparam[Linear]`, `GmP[Conv]`, ..."""
+  wrapper = getattr(wrapper, '_wrapper', wrapper)
+  key = (wrapper, layer_type)
+  if key not in _TYPED:
+    name = f'{wrapper.__name__}[{layer_type.__name__}]'
+    _TYPED[key] = type(name, (wrapper, layer_type), dict(
+        __module__=wrapper.__module__, __qualname__=name, _wrapper=wrapper,
+        __doc__=f'`{wrapper.__name__}` around an `{layer_type.__name__}`: an instance of both '
+                '(made by `geoparam.nnx.Reparam`, one class per pair).'))
+  return _TYPED[key]
+
+
+def _gradient_traced(values) -> bool:
+  """Whether any of `values` is being differentiated (`jax.grad`, `nnx.grad`)."""
+  return any(type(v).__name__ in ('JVPTracer', 'LinearizeTracer')
+             for v in jax.tree.leaves(values))
+
+
 # ----------------------------------------------------------------------------- the wrapper
 
 class Reparam(nnx.Module):
@@ -213,6 +377,14 @@ class Reparam(nnx.Module):
   kernel and bias), so its semantics are Flax's. `GmP`, `LCW`, `CWN`, `WN` and
   the paper-form classes are this module under their own names.
 
+  It is still its layer: an instance of a class made once per pair, `Reparam[Linear]`
+  (`GmP[Conv]`, ...), a subclass of this one and of the layer's type, so `isinstance(g,
+  nnx.Linear)` holds; the layer's fields read the same (`in_features`, `kernel_size`,
+  `einsum_str`, ...); `kernel` and `bias` read the effective weights (a `Weight`, computed from
+  the method's variables, in the layer's layout), and an array assigned to them converts exactly
+  (`weights()` gives both arrays). A method variable named `kernel` or `bias` (WN's and CWN's
+  direction, LCW's bias) keeps that name in `nnx.state`; `params()` reads it.
+
     >>> import jax.numpy as jnp
     >>> from flax import nnx
     >>> import geoparam.nnx as gnnx
@@ -220,12 +392,27 @@ class Reparam(nnx.Module):
     >>> g = gnnx.Reparam(dense, 'gmp', initialization='layer')
     >>> bool(jnp.allclose(g(jnp.ones((2, 3))), dense(jnp.ones((2, 3))), atol=1e-6))
     True
+    >>> type(g).__name__, isinstance(g, nnx.Linear), g.in_features, g.kernel.shape
+    ('Reparam[Linear]', True, 3, (3, 4))
+    >>> bool(jnp.allclose(g.kernel[...], dense.kernel[...], atol=1e-6)), sorted(nnx.state(g, nnx.Param))
+    (True, ['lam', 'scale', 'theta'])
   """
+
+  reparameterized = True  # not a layer of its kind's (`geoparam.kinds.of`): no transform's target
+  kernel = _WeightAttribute('kernel')
+  bias = _WeightAttribute('bias')
+
+  def __new__(cls, layer=None, *args, **kwargs):
+    del args, kwargs
+    if isinstance(layer, nnx.Module) and not issubclass(cls, _PaperForm) and kinds.of(
+        layer) is not None:
+      cls = _typed(cls, type(layer))
+    return object.__new__(cls)
 
   def __init__(self, layer: nnx.Module, method: str | methods.Method = 'gmp', *,
                rngs: nnx.Rngs | None = None, use_running_average: bool | None = False,
                params: dict[str, Any] | None = None, **options):
-    name = f'{type(self).__name__}({type(layer).__name__})'
+    name = f'{getattr(type(self), "_wrapper", type(self)).__name__}({type(layer).__name__})'
     method = methods.get(method, **options)
     layout = layout_of(layer, (name,))
     kind = kinds.of(layer)
@@ -253,6 +440,11 @@ class Reparam(nnx.Module):
 
     if params is not None:
       specs = method.params(shape, layer_init, lambda: None)
+      missing = [n for n in specs if n not in params]
+      if missing:
+        raise ValueError(f'{name}: params lacks {missing}: method {method.name!r} stores '
+                         f'{list(specs)} for this layer (got {sorted(params)}); pass them all, '
+                         'or leave params out to start from the layer\'s weights.')
       drawn = {n: (jnp.asarray(params[n]), None) for n in specs}
     else:
       specs, drawn = draw(rngs.params if rngs is not None else _keys(0))
@@ -277,20 +469,165 @@ class Reparam(nnx.Module):
     self.use_running_average = use_running_average
     self.stack = ()  # leading axes of a layer stacked by nnx.vmap (`converted`)
     self.param_names = tuple(specs)
+    self.param_shapes = tuple(tuple(p.shape) for p in specs.values())  # unstacked
     self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
     if width is not None:
       mean = jnp.zeros(width, jnp.promote_types(dtype, jnp.float32))
       self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
     method_names = layout.names(kernel_names)
     for pname, spec in specs.items():
-      if hasattr(type(self), pname) or pname in vars(self) or pname.startswith('_'):
+      if (hasattr(type(self), pname) and pname not in _WEIGHTS) or pname in vars(
+          self) or pname.startswith('_'):
         raise ValueError(f'{name}: method {method.name!r} stores a variable named {pname!r}, '
                          f'which the NNX module uses itself; rename it.')
       value, names = drawn[pname]
       if tuple(jnp.shape(value)) != tuple(spec.shape):
         raise ValueError(f'{name}: {pname} must have shape {tuple(spec.shape)}, got '
                          f'{jnp.shape(value)}.')
-      setattr(self, pname, _param(value, _sharded(names, spec.shape, shape, method_names)))
+      _put(self, pname, _param(value, _sharded(names, spec.shape, shape, method_names)))
+
+  # ------------------------------------------------------------------- the layer's attributes
+
+  def __getattr__(self, name):
+    """The wrapped layer's fields (`in_features`, `kernel_size`, `einsum_str`, ...)."""
+    held = vars(self).get('held_layer') if not name.startswith('__') else None
+    if held is None or name.startswith('_pytree__') or name in _WEIGHTS:
+      raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
+    try:
+      return getattr(held.layer, name)
+    except AttributeError:
+      raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}') from None
+
+  def __setattr__(self, name, value):
+    if name in _WEIGHTS:  # past nnx's bookkeeping: an assignment converts (`_WeightAttribute`)
+      type(self).__dict__.get(name, Reparam.__dict__[name]).__set__(self, value)
+    else:
+      super().__setattr__(name, value)
+
+  # NNX's graph and pytree machinery sets attributes with object.__setattr__ / setattr: a method
+  # variable named `kernel` or `bias` goes to `vars()`, past the class attributes.
+  def _graph_node_set_key(self, key, value):
+    if key in _WEIGHTS:
+      current = vars(self).get(key)
+      if isinstance(current, nnx.Variable) and isinstance(value, nnx.Variable):
+        current.update_from_state(value)
+      else:
+        _put(self, key, value)
+    else:
+      super()._graph_node_set_key(key, value)
+
+  def _graph_node_pop_key(self, key):
+    if key in _WEIGHTS:
+      value = vars(self).pop(key)
+      nodes = self._pytree__nodes
+      if key in nodes:
+        object.__setattr__(self, '_pytree__nodes', type(nodes)(
+            {k: v for k, v in nodes.items() if k != key}, copy=False))
+      return value
+    return super()._graph_node_pop_key(key)
+
+  def _graph_node_init(self, attributes):
+    for name, value in attributes:
+      name = str(name)
+      if name in _WEIGHTS:
+        vars(self)[name] = value
+      else:
+        object.__setattr__(self, name, value)
+
+  @classmethod
+  def _pytree__unflatten(cls, static, node_attrs):
+    node_keys, static_keys, static_attrs = static
+    obj = object.__new__(cls)
+    for name, value in itertools.chain(zip(node_keys, node_attrs, strict=True),
+                                       zip(static_keys, static_attrs, strict=True)):
+      vars(obj)[str(name)] = value
+    return obj
+
+  # ------------------------------------------------------------------- effective weights
+
+  def _lead(self, params) -> tuple[int, ...]:
+    """The stacked axes in front of the variables as they are now (`nnx.scan` hands a slice)."""
+    first = jnp.shape(params[self.param_names[0]])
+    return tuple(first[:len(first) - len(self.param_shapes[0])])
+
+  def weights(self) -> tuple[jax.Array, jax.Array | None]:
+    """`(kernel, bias)`: the effective weights, what `bake` gives the plain layer (IMN's running
+    mean folded into the bias; for a zero-padded conv its interior fold), in the layer's layout
+    and `param_dtype`, computed from the method's variables (traceable: `jit`, `grad`). `bias`
+    is None for a layer without a bias (and no bias term). A layer stacked by `nnx.vmap` gives
+    them stacked."""
+    if self.scale_outside:
+      raise AttributeError(
+          f'{type(self).__name__}: the scale multiplies after the activation, so no plain kernel '
+          'computes this layer; read its variables (params()).')
+    params = self.params()
+    mean = self.input_mean_norm['mean'][...] if self.method.imn is not None else None
+    one = functools.partial(exact.effective, self.method, self.layer, layout=self.layout)
+    for _ in self._lead(params):
+      one = jax.vmap(one)
+    kernel, bias = one(params, mean=mean)
+    cast = lambda a: a.astype(self.kernel_dtype)
+    return cast(kernel), (cast(bias) if self._has_bias_term() else None)
+
+  def _has_bias_term(self) -> bool:
+    return self.layer_has_bias or bool(set(methods.base.bias_names(
+        self.method, self.layout.method_shape)) & set(self.param_names))
+
+  def _weight(self, which):
+    if self.scale_outside:
+      raise AttributeError(
+          f'{type(self).__name__} has no {which}: the scale multiplies after the activation, so '
+          'no plain kernel computes it; read its variables (params()).')
+    if which == 'bias' and not self._has_bias_term():
+      return None
+    return Weight(self, which)
+
+  def _weight_shape(self, which):
+    lead = self._lead({self.param_names[0]: vars(self)[self.param_names[0]]})
+    return lead + (tuple(self.layout.kernel_shape) if which == 'kernel' else self.layout.units)
+
+  def _weight_names(self, which):
+    names = self.kernel_names
+    if not names or self.stack:
+      return None
+    return names if which == 'kernel' else tuple(names[a] for a in self.layout.unit_axes)
+
+  def _assign(self, kernel=None, bias=None):
+    """Converts the plain `kernel` and/or `bias` (the other kept) into the method's variables,
+    exactly (`geoparam.exact.convert_weights`); eager only."""
+    name = type(self).__name__
+    which = 'kernel' if kernel is not None else 'bias'
+    if self.scale_outside:
+      raise TypeError(f'{name}: the scale multiplies after the activation, so no plain {which} '
+                      'converts into this layer; set its variables (theta, lam, scale).')
+    params = self.params()
+    if _gradient_traced((kernel, bias)) or any(
+        isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((kernel, bias, params))):
+      raise ValueError(f'{name}: assigning the {which} converts it exactly on the host (float64), '
+                       'so it runs outside jit/grad; assign outside the traced function, or set '
+                       "the method's variables there.")
+    if bias is not None and not self._has_bias_term():
+      raise ValueError(f'{name}: the layer has no bias (use_bias=False), so there is none to '
+                       'assign.')
+    stack = self._lead(params)
+    mean = None if self.method.imn is None else np.asarray(self.input_mean_norm['mean'][...])
+    current = exact.plain_layer(self.method, self.layer, params, self.layout, mean, (name,),
+                                approximate_borders=True, stack=stack)
+    new = []
+    for given, now, label in ((kernel, current[0], 'kernel'), (bias, current[1], 'bias')):
+      if given is None:
+        new.append(now)
+        continue
+      given = np.asarray(given, np.float64)
+      if given.shape != np.shape(now):
+        raise ValueError(f'{name}: the assigned {label} has shape {given.shape}, the layer\'s is '
+                         f'{np.shape(now)}.')
+      new.append(given)
+    stored = exact.convert_weights(self.method, self.layer, new[0], new[1], mean, self.layout,
+                                   self._has_bias_term(), self.kernel_dtype, (name,), stack)
+    for n in self.param_names:
+      variable = vars(self)[n]
+      variable.set_value(jnp.asarray(stored[n], variable.dtype))
 
   @property
   def layer(self) -> nnx.Module:
@@ -299,7 +636,7 @@ class Reparam(nnx.Module):
 
   def params(self) -> dict[str, jax.Array]:
     """The method's stored variables, `{name: array}`."""
-    return {n: getattr(self, n)[...] for n in self.param_names}
+    return {n: vars(self)[n][...] for n in self.param_names}
 
   def __call__(self, inputs, use_running_average: bool | None = None, out_sharding=None):
     """Applies the layer to `inputs` with its reparameterized kernel and bias (IMN first when the
@@ -317,6 +654,16 @@ class Reparam(nnx.Module):
     if imn is not None and not mode:
       run.check_examples(method, jnp.shape(inputs), type(self).__name__)
     params = self.params()
+    if imn is not None and mode and isinstance(next(iter(params.values())), jax.core.Tracer) and (
+        _gradient_traced(params)):
+      warnings.warn(
+          f'{type(self).__name__}: {method.name!r} is differentiated in evaluation mode '
+          "(use_running_average=True), so IMN's running mean stays frozen and the batch is not "
+          'centred by its own mean. reparameterize gives the wrappers the mode of the model\'s '
+          'modules, evaluation where none has one: call model.train() before training steps '
+          '(model.eval() after), or pass use_running_average=False. Filter this warning '
+          '(warnings.filterwarnings) to train with IMN frozen on purpose.', UserWarning,
+          stacklevel=2)
     if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((inputs, params, mean))):
       y, new_mean = self._pure(params, mean, inputs, mode, out_sharding)
     else:
@@ -426,7 +773,7 @@ def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), f
                    params={k: v[first] for k, v in stored.items()})
   if stack:
     for name in module.param_names:
-      getattr(module, name).set_value(jnp.asarray(stored[name]))
+      vars(module)[name].set_value(jnp.asarray(stored[name]))
   if mean is not None:
     stat = module.input_mean_norm['mean']
     stat.set_value(jnp.asarray(mean, stat.dtype))

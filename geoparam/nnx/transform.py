@@ -14,7 +14,7 @@
     >>> before = model(x)
     >>> model = gnnx.reparameterize(model, 'gmp', exclude=['head'])
     >>> type(model.hidden).__name__, model.hidden.theta.shape
-    ('Reparam', (2, 8))
+    ('Reparam[Linear]', (2, 8))
     >>> bool(jnp.allclose(model(x), before, atol=1e-5))
     True
     >>> model = gnnx.bake(model)
@@ -82,26 +82,34 @@ def _replace(model, path, new):
 
 
 _LOGS: dict[int, dict] = {}  # by a token: NNX transforms (nnx.scan) rebuild modules from copies
+_PROBES: dict[type, type] = {}
 
 
-class _Probe(nnx.Module, pytree=False):
-  """Records its inner module's first call `(inputs, output)` into `_LOGS[token][path]`.
+def _probe_call(self, x, *args, **kwargs):
+  """A probed layer's `__call__`: its own, then its first call's `(inputs, output)` recorded
+  into `_LOGS[token][path]`."""
+  y = type(self)._probed.__call__(self, x, *args, **kwargs)  # pylint: disable=protected-access
+  path, token = self._geoparam_probe  # pylint: disable=protected-access
+  _LOGS[token].setdefault(path, (x, y))
+  return y
 
-  Inside `nnx.scan`/`nnx.vmap` the inputs and outputs are the trace's (shapes, and the
-  identity that pairs a layer with the BatchNorm it feeds, are what is read of them).
-  """
 
-  def __init__(self, inner, path, token):
-    self.inner, self.path, self.token = inner, path, token
-
-  def __call__(self, x, *args, **kwargs):
-    y = self.inner(x, *args, **kwargs)
-    _LOGS[self.token].setdefault(self.path, (x, y))
-    return y
+def _probe_class(cls: type) -> type:
+  """`cls` with a recording `__call__` (a subclass, made once per class)."""
+  if cls not in _PROBES:
+    _PROBES[cls] = type(f'_Probe[{cls.__name__}]', (cls,), dict(
+        __call__=_probe_call, _probed=cls, __module__=__name__))
+  return _PROBES[cls]
 
 
 def _record(model, paths, example_args):
-  """Runs an eval-mode copy of `model` on `example_args`; `{path: (inputs, output)}`."""
+  """Runs an eval-mode copy of `model` on `example_args`; `{path: (inputs, output)}`.
+
+  Each recorded layer of the copy becomes a subclass of its own class whose `__call__` also
+  records, so the model's code sees the same layers (type, fields, `kernel`). Inside
+  `nnx.scan`/`nnx.vmap` the inputs and outputs are the trace's (shapes, and the identity that
+  pairs a layer with the BatchNorm it feeds, are what is read of them).
+  """
   probe = nnx.clone(model)
   probe.eval()
   token = id(probe)
@@ -109,10 +117,9 @@ def _record(model, paths, example_args):
   try:
     nodes = dict(nnx.iter_graph(probe))
     for path in paths:
-      if path:
-        _replace(probe, path, _Probe(nodes[path], path, token))
-      else:  # the model is the layer itself
-        probe = _Probe(probe, path, token)
+      node = nodes[path]
+      object.__setattr__(node, '__class__', _probe_class(type(node)))
+      node._geoparam_probe = (tuple(path), token)  # pylint: disable=protected-access
     probe(*example_args)
   finally:
     del _LOGS[token]
@@ -120,12 +127,15 @@ def _record(model, paths, example_args):
 
 
 def _paths_by_id(node, path=(), out=None, stack=()):
-  """`{id(module): [paths]}`: every path that reaches each module (shared modules have several)."""
+  """`{id(module or variable): [paths]}`: every path that reaches each module and variable
+  (shared ones have several)."""
   out = {} if out is None else out
   if id(node) in stack:
     return out
-  if isinstance(node, nnx.Module):
+  if isinstance(node, (nnx.Module, nnx.Variable)):
     out.setdefault(id(node), []).append(path)
+  if isinstance(node, nnx.Variable):
+    return out
   if isinstance(node, nnx.List) or isinstance(node, (list, tuple)):
     children = enumerate(node)
   elif isinstance(node, dict):
@@ -135,7 +145,7 @@ def _paths_by_id(node, path=(), out=None, stack=()):
   else:
     return out
   for key, child in children:
-    if isinstance(child, (nnx.Module, list, tuple, dict)):
+    if isinstance(child, (nnx.Module, nnx.Variable, list, tuple, dict)):
       _paths_by_id(child, path + (key,), out, stack + (id(node),))
   return out
 
@@ -205,6 +215,17 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
           f'{type(node).__name__} at {_name(path)} is shared (also at '
           f'{", ".join(_name(p) for p in paths[id(node)] if p != path)}): replacing it in one '
           'place would leave the other plain; exclude it, or give each place its own layer.')
+  for path, node in layers.items():  # a tie through one nnx.Param: converted apart, it would untie
+    kind = kinds.of(node)
+    for attr in (kind.kernel, kind.bias):
+      variable = getattr(node, attr, None)
+      others = [p for p in paths.get(id(variable), ()) if p != path + (attr,)]
+      if isinstance(variable, nnx.Variable) and others:
+        raise ValueError(
+            f'the {attr} of {type(node).__name__} at {_name(path)} is tied: the same '
+            f'{type(variable).__name__} is also at {", ".join(_name(p) for p in others)}. '
+            'Converted apart, the tie would come undone (each layer its own method variables); '
+            'exclude the tied layers, or untie them (and tie again after bake).')
   if norms and not example_args:
     raise ValueError('drop_batchnorm=True needs an example batch (reparameterize(model, method, '
                      'x, ...)) to find the layer that feeds each BatchNorm.')
@@ -258,6 +279,13 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
                     f'{hint}.')
   checks.flag('approximate_borders', approximate_borders, 'bake')
   nodes = list(nnx.iter_graph(model))
+  if not any(isinstance(n, DroppedBatchNorm) or (isinstance(n, modules.Reparam) and
+                                                  not n.scale_outside) for _, n in nodes):
+    raise ValueError(
+        f'geoparam.nnx.bake: {type(model).__name__} holds no reparameterized layer (and no '
+        'dropped BatchNorm), so there is nothing to bake (paper-form layers such as GmPLinear '
+        'have no plain form and stay). Pass the model that geoparam.nnx.reparameterize '
+        'returned.')
   producers = {n.producer for _, n in nodes if isinstance(n, DroppedBatchNorm)}
   plain, biases = {}, {}
   for path, node in nodes:
