@@ -4,10 +4,11 @@ r"""The theta -> u map of a whole model's GmP layers, forward and backward: its 
       [--bandwidth_gbs=0] [--out=FILE.json] [--tiny]
 
 Every `theta` of the model's GmP+IMN parameters (`vision_models`, the shapes of
-`benchmarks.vision_throughput`'s models) is mapped to `u(theta)`, and the gradient of
-`sum(<u, w> + <u, u> / 2)` (w a fixed random array) with respect to all thetas is taken, in one
-jitted function: what a train step spends on the map, forward and backward, whatever the batch
-or the image size. (A loss linear in u would let XLA drop the forward.)
+`benchmarks.vision_throughput`'s models; a "model" like `1023x1024` is one theta of that
+shape) is mapped to `u(theta)`, and the gradient of `sum(<u, w> + <u, u> / 2)` (w a fixed
+random array) with respect to all thetas is taken, in one jitted function: what a train step
+spends on the map, forward and backward, whatever the batch or the image size. (A loss linear
+in u would let XLA drop the forward.)
 
 `--maps` lists the forms of the map to time, each in its own compiled function:
 
@@ -52,12 +53,14 @@ from benchmarks import vision_throughput
 FLAGS = flags.FLAGS
 
 MAPS = ('default', 'sequential', 'associative', 'window')
+_SHAPE = re.compile(r'[0-9]+x[0-9]+')
 
 
 def define_flags():
   """Defines the command's flags (only when run as a script, so imports never clash)."""
   flags.DEFINE_list('models', list(vision_throughput.MODELS),
-                    f'Models, among {", ".join(vision_throughput.MODELS)}.')
+                    f'Models, among {", ".join(vision_throughput.MODELS)}, or one layer\'s theta '
+                    'shape such as 1023x1024.')
   flags.DEFINE_list('maps', ['default'], f'Forms of the map, among {", ".join(MAPS)}.')
   flags.DEFINE_integer('repeats', 7, 'Timed calls per model and map.')
   flags.DEFINE_float('bandwidth_gbs', 0.0,
@@ -68,7 +71,10 @@ def define_flags():
 
 
 def thetas_of(name: str, tiny: bool = False) -> list[jax.ShapeDtypeStruct]:
-  """The shapes of every `theta` of model `name` under GmP+IMN, in parameter-tree order."""
+  """The shapes of every `theta` of model `name` under GmP+IMN, in parameter-tree order; a
+  `name` like `1023x1024` is one layer's theta of that shape."""
+  if _SHAPE.fullmatch(name):
+    return [jax.ShapeDtypeStruct(tuple(int(v) for v in name.split('x')), jnp.float32)]
   model, shape = vision_throughput.build(name, 'gmp_imn', tiny)
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1,) + shape)))
   return [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(variables['params'])
@@ -145,10 +151,10 @@ def _hlo_instructions(text: str) -> int:
 def run(models=vision_throughput.MODELS, repeats: int = 7, tiny: bool = False,
         out: str | None = None, maps=('default',), bandwidth_gbs: float = 0.0) -> list[dict]:
   """Times the map of each model (see the module docstring); returns one row per model and map."""
-  unknown = [m for m in models if m not in vision_throughput.MODELS]
+  unknown = [m for m in models if m not in vision_throughput.MODELS and not _SHAPE.fullmatch(m)]
   if unknown or not models:
     raise ValueError(f'unknown models {unknown or list(models)}; accepted: '
-                     f'{", ".join(vision_throughput.MODELS)}.')
+                     f'{", ".join(vision_throughput.MODELS)} or a theta shape like 1023x1024.')
   bad = [m for m in maps if m not in MAPS]
   if bad or not maps:
     raise ValueError(f'unknown maps {bad or list(maps)}; accepted: {", ".join(MAPS)}.')
