@@ -18,8 +18,9 @@ in u would let XLA drop the forward.)
 - `window`: an experimental accelerator form kept here, not in the library: `lax.cumprod` for
   the prefix products of sines and ONE variadic `lax.reduce_window` for the backward's suffix
   recurrence `R_k = g_{k+1} c_{k+1} + s_{k+1} R_{k+1}`, with whole-array `jnp.sin`/`jnp.cos`.
-  XLA:CPU runs out of memory compiling that reduce-window for more than ~256 rows (a
-  `std::bad_alloc` that ends the process), so on the CPU it is for small (`--tiny`) models only.
+  XLA:CPU runs out of memory compiling that reduce-window for some row counts above 256 (300,
+  511, 512 and 4607 rows aborted the process with `std::bad_alloc`; 1023 compiled), so on the
+  CPU it is for small (`--tiny`) models only.
 
 Reported per model and map: the number of GmP layers and angles; the compile time (tracing
 included); the median and min ms per call over `--repeats` calls; the number of StableHLO ops
