@@ -15,7 +15,9 @@ machine hits all alike. Reported: median images/s of each; the ratio GmP+IMN / B
 (median over rounds of the per-round ratio of images/s: the number to compare
 across machines), likewise every other parameterization against BN and against
 `sp` when they are timed; the compile time of each train step
-(`jit(...).lower(...).compile()`, tracing included); and the device. Batch
+(`jit(...).lower(...).compile()`, tracing included), as wall time and as this process's CPU
+time (all threads; steadier than wall time on a machine that other jobs share); and the
+device. Batch
 (`--batch=0`: the papers' 256) and image sizes (`--image=0`) are paper 002's:
 224x224 for ResNet-50, 32x32 for VGG-6, 1000 classes. `--dtype` is the
 computation dtype of every model (params and the optimizer in float32, GmP's map
@@ -106,10 +108,11 @@ class _Runner:
     variables = jax.jit(model.init)(key, self.x[:1])
     self.params, self.stats = variables['params'], variables.get('batch_stats', {})
     self.opt_state = self.tx.init(self.params)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     self.step = make_step(model, self.tx).lower(
         self.params, self.stats, self.opt_state, self.x, self.y).compile()
     self.compile_s = time.perf_counter() - t
+    self.compile_cpu_s = time.process_time() - cpu  # all threads of this process
     self.run()
     self.run()
 
@@ -128,8 +131,9 @@ def run(models=MODELS, tiny: bool = False, repeats: int = 20, batch: int = 0,
 
   `dtype` (`'float32'` or `'bfloat16'`): computation dtype of every model;
   `image`: image side (0: the paper's); `parameterizations`: among `PARAMETERIZATIONS`.
-  A row holds `{p}_ms`, `{p}_images_per_s` and `{p}_compile_s` of each parameterization `p`,
-  and `{p}_vs_{q}` (images/s ratio) and `{p}_vs_{q}_compile` for `q` in BN and `sp` when timed
+  A row holds `{p}_ms`, `{p}_images_per_s`, `{p}_compile_s` and `{p}_compile_cpu_s` of each
+  parameterization `p`, and `{p}_vs_{q}` (images/s ratio), `{p}_vs_{q}_compile` and
+  `{p}_vs_{q}_compile_cpu` for `q` in BN and `sp` when timed
   (`ratio` and `compile_ratio`: GmP+IMN against BN).
   """
   unknown = [m for m in models if m not in MODELS]
@@ -161,6 +165,7 @@ def run(models=MODELS, tiny: bool = False, repeats: int = 20, batch: int = 0,
       row[f'{p}_ms'] = 1e3 * float(np.median(times[p]))
       row[f'{p}_images_per_s'] = batch / float(np.median(times[p]))
       row[f'{p}_compile_s'] = runners[p].compile_s
+      row[f'{p}_compile_cpu_s'] = runners[p].compile_cpu_s
     report = []
     for q in (q for q in ('bn', 'sp') if q in ps):  # the baselines timed
       for p in (p for p in ps if p not in (q, 'sp')):
@@ -168,12 +173,16 @@ def run(models=MODELS, tiny: bool = False, repeats: int = 20, batch: int = 0,
         row[f'{p}_vs_{q}'] = float(np.median(times[q] / times[p]))
         row[f'{p}_vs_{q}_compile'] = compile_ratio = (row[f'{p}_compile_s'] /
                                                       row[f'{q}_compile_s'])
-        report.append(f'{p}/{q} {row[f"{p}_vs_{q}"]:.3f} (compile {compile_ratio:.2f})')
+        row[f'{p}_vs_{q}_compile_cpu'] = cpu_ratio = (row[f'{p}_compile_cpu_s'] /
+                                                      row[f'{q}_compile_cpu_s'])
+        report.append(f'{p}/{q} {row[f"{p}_vs_{q}"]:.3f} (compile {compile_ratio:.2f}, '
+                      f'CPU time {cpu_ratio:.2f})')
     if 'gmp_imn_vs_bn' in row:
       row['ratio'], row['compile_ratio'] = row['gmp_imn_vs_bn'], row['gmp_imn_vs_bn_compile']
     rows.append(row)
-    each = ', '.join(f'{p} {row[f"{p}_images_per_s"]:.1f} img/s '
-                     f'(compile {row[f"{p}_compile_s"]:.1f}s)' for p in ps)
+    each = ', '.join(f'{p} {row[f"{p}_images_per_s"]:.1f} img/s (compile '
+                     f'{row[f"{p}_compile_s"]:.1f}s, CPU time {row[f"{p}_compile_cpu_s"]:.1f}s)'
+                     for p in ps)
     print(f'{name:9s} batch {batch} {"x".join(map(str, shape))} {dtype}: {each}; '
           f'ratios {", ".join(report) or "-"}', flush=True)
   if out:

@@ -47,10 +47,12 @@ def test_vision_throughput_runs_on_a_tiny_model_in_bfloat16(tmp_path):
   # Each timed parameterization against plain (sp) and BN, where timed; with one round the
   # ratio of the per-round times is the ratio of the medians.
   assert {k for k in row if '_vs_' in k} == {f'{p}_vs_sp{c}' for p in timed[1:]
-                                             for c in ('', '_compile')}
+                                             for c in ('', '_compile', '_compile_cpu')}
   for p in timed[1:]:
     assert row[f'{p}_vs_sp'] == pytest.approx(row['sp_ms'] / row[f'{p}_ms'])
     assert row[f'{p}_vs_sp_compile'] == pytest.approx(row[f'{p}_compile_s'] / row['sp_compile_s'])
+    assert row[f'{p}_vs_sp_compile_cpu'] == pytest.approx(row[f'{p}_compile_cpu_s'] /
+                                                          row['sp_compile_cpu_s'])
   assert 'bn_ms' not in row and 'ratio' not in row  # GmP+IMN / BN only when BN is timed
   assert json.loads(out.read_text())['dtype'] == 'bfloat16'
   with pytest.raises(ValueError, match='accepted: float32, bfloat16'):
@@ -108,3 +110,20 @@ def test_model_map_runs_on_tiny_models_and_writes_json(tmp_path):
     assert r['compile_s'] > 0 and 0 < r['min_ms'] <= r['ms']
   with pytest.raises(ValueError, match='unknown models'):
     model_map.run(('resnet51',), tiny=True)
+
+
+def test_model_map_forms_agree_and_report_ops_and_floor():
+  from benchmarks import model_map
+  # One theta of shape (63, 64): the library's two schemes and the experimental window form
+  # (cumprod and one variadic reduce-window), whose gradients must agree with the first's.
+  rows = model_map.run(('63x64',), repeats=1, maps=('sequential', 'associative', 'window'),
+                       bandwidth_gbs=100.0)
+  assert [r['map'] for r in rows] == ['sequential', 'associative', 'window']
+  for r in rows:
+    assert r['layers'] == 1 and r['angles'] == 63 * 64 and r['floor_bytes'] == 20 * 63 * 64
+    assert r['floor_ms'] == pytest.approx(1e3 * r['floor_bytes'] / 100e9)
+    assert r['stablehlo_ops'] > 0 and r['hlo_instructions'] > 0
+  assert all(r['grad_diff'] < 1e-6 for r in rows[1:])
+  assert rows[2]['stablehlo_ops'] < rows[1]['stablehlo_ops'] / 4  # one op per recurrence
+  with pytest.raises(ValueError, match='unknown maps'):
+    model_map.run(('63x64',), maps=('cumprod',))
