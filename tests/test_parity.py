@@ -17,6 +17,7 @@ import optax
 import pytest
 
 import geoparam.nnx as gnnx
+from geoparam import kinds
 from geoparam.nnx import modules
 
 METHODS = ['gmp', 'gmp_imn', 'lcw', 'cwn', 'wn']
@@ -437,3 +438,46 @@ def test_the_read_kernel_carries_the_kernels_sharding_names():
   assert g.bias.get_metadata('out_sharding') == ('mlp',)
   assert g.kernel.sharding_names == ('embed', 'mlp')
   assert tuple(nnx.state(g, nnx.Param)['theta'].get_metadata()['out_sharding']) == (None, 'mlp')
+
+
+class _OwnLinear(nnx.Module):
+  """A user's layer: kernel `w`, read as `self.w.value` in its call (as older NNX code does)."""
+
+  def __init__(self, i, o, rngs):
+    self.in_features, self.out_features, self.use_bias = i, o, False
+    self.w = nnx.Param(jax.random.normal(rngs.params(), (i, o)) / i ** 0.5)
+
+  def __call__(self, x):
+    return x @ self.w.get_value()
+
+
+def _own_kind(**fields):
+  return kinds.Kind('OwnLinear', **{
+      'layout': lambda layer, shape: kinds.Layout((layer.in_features, layer.out_features), (1,)),
+      'imn_axes': lambda layer, ndim: (ndim - 1,), 'example_shape': lambda l: (1, l.in_features),
+      'kernel': 'w', 'has_bias': lambda layer: False, **fields})
+
+
+@pytest.mark.parametrize('case', ['plain', 'layout_reads_kernel', 'call_reads_variable'])
+def test_a_kind_of_your_own_converts_runs_traced_and_reads_its_kernel(monkeypatch, case):
+  layer_cls = _OwnLinear
+  if case == 'call_reads_variable':  # .value, deprecated in NNX, still read by much code
+    layer_cls = type('OwnLinearValue', (_OwnLinear,), {'__call__': lambda self, x: x @ self.w.value})
+  layout = None
+  if case == 'layout_reads_kernel':  # the layout reads the layer's own kernel's shape
+    layout = lambda layer, shape: kinds.Layout(tuple(layer.w.shape), (1,))
+  monkeypatch.setitem(kinds.REGISTRY, layer_cls, _own_kind(
+      **({'layout': layout} if layout else {})))
+  layer = layer_cls(3, 4, nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3)), jnp.float32)
+  before, kernel = layer(x), layer.w[...]
+  g = gnnx.reparameterize(layer, 'gmp', x)
+  assert isinstance(g, layer_cls)
+  np.testing.assert_allclose(nnx.jit(lambda m, x: m(x))(g, x), before, atol=1e-5)
+  np.testing.assert_allclose(g.w[...], kernel, atol=1e-6)  # the kind's kernel name reads it
+
+
+def test_a_kind_naming_a_kernel_the_layer_lacks_says_what_it_holds(monkeypatch):
+  monkeypatch.setitem(kinds.REGISTRY, _OwnLinear, _own_kind(kernel='weight'))
+  with pytest.raises(ValueError, match=r"names the kernel variable 'weight'.*holds \['w'\]"):
+    gnnx.reparameterize(_OwnLinear(3, 4, nnx.Rngs(0)), 'gmp')

@@ -106,8 +106,10 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
   kind = kinds.of(layer)
   kwargs = {} if out_sharding is None else {'out_sharding': out_sharding}
 
-  def run_layer(kernel, bias, x):
-    view = _View(layer, **{kind.kernel: kernel, kind.bias: bias, 'use_bias': bias is not None})
+  def run_layer(kernel, bias, x):  # as Params: a layer may read `self.kernel.value` too
+    bias = None if bias is None else nnx.Param(bias)
+    view = _View(layer, **{kind.kernel: nnx.Param(kernel), kind.bias: bias,
+                           'use_bias': bias is not None})
     return _own_call(layer)(view, x, **kwargs)
 
   probe = functools.partial(_probe, layer)
@@ -126,10 +128,12 @@ def layout_of(layer, path=()) -> kinds.Layout:
   return exact.layout_of(layer, kind.example_shape(layer), path)
 
 
-def _weights(layer):
+def _weights(layer, path=()):
   """`(kernel, bias)` variables of a plain NNX layer (bias None when it has none)."""
   kind = kinds.of(layer)
-  return getattr(layer, kind.kernel), getattr(layer, kind.bias) if kind.has_bias(layer) else None
+  held = {k: v for k, v in vars(layer).items() if isinstance(v, nnx.Variable)}
+  kernel = exact.kernel_of(kind, held, path)
+  return kernel, getattr(layer, kind.bias) if kind.has_bias(layer) else None
 
 
 # ----------------------------------------------------------------------------- variables
@@ -419,7 +423,7 @@ class Reparam(nnx.Module):
     shape = layout.method_shape  # what the method sees
     methods.base.check_fan_in(method, shape, name)
     width = exact.imn_width(method, layer, kind.example_shape(layer), (name,))
-    kernel, bias = _weights(layer)
+    kernel, bias = _weights(layer, (name,))
     dtype = getattr(layer, 'param_dtype', None) or kernel.dtype
     kernel_names = kernel.get_metadata().get('out_sharding')
     # a bias-free layer gets the method's bias term only from given params that hold it (the
@@ -455,8 +459,8 @@ class Reparam(nnx.Module):
               f'{name}: method {method.name!r} draws its initial variables at random; pass '
               "rngs=nnx.Rngs(...) (or start from the layer's weights, e.g. GmP's "
               "initialization='layer').")
-    stripped = nnx.clone(layer)
-    delattr(stripped, kind.kernel)
+    stripped = nnx.clone(layer)  # its kernel a shape only (a kind's layout may read it)
+    setattr(stripped, kind.kernel, nnx.Param(jax.ShapeDtypeStruct(kernel.shape, kernel.dtype)))
     setattr(stripped, kind.bias, None)
     self.held_layer = _Held(stripped)  # its fields only: no variables, not a graph node
     if not isinstance(getattr(type(self), 'method', None), property):  # a paper form's is
@@ -493,6 +497,9 @@ class Reparam(nnx.Module):
     held = vars(self).get('held_layer') if not name.startswith('__') else None
     if held is None or name.startswith('_pytree__') or name in _WEIGHTS:
       raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
+    kind = kinds.of(held.layer)
+    if name in (kind.kernel, kind.bias):  # a kind of your own names them otherwise
+      return self._weight('kernel' if name == kind.kernel else 'bias')
     try:
       return getattr(held.layer, name)
     except AttributeError:
@@ -758,7 +765,7 @@ def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), f
   """
   layout = layout_of(layer, path)
   kind = kinds.of(layer)
-  kernel, bias = (None if v is None else v[...] for v in _weights(layer))
+  kernel, bias = (None if v is None else v[...] for v in _weights(layer, path))
   stack = exact.stack_of(jnp.shape(kernel), layout, path)
   if inputs is None:
     inputs = jnp.zeros(kind.example_shape(layer))
