@@ -172,3 +172,9 @@ def test_custom_kinds_fail_clearly(monkeypatch):
   monkeypatch.setitem(kinds.REGISTRY, MyDense, _kind(layout=wrong))
   with pytest.raises(ValueError, match=r"\(3, 4\), but its kind's layout gives \(3, 5\)"):
     geoparam.to_reparameterized(geoparam.reparameterize(model, 'gmp'), plain, x)
+
+
+def test_reparameterizing_a_reparameterized_model_says_how_to_mix_methods():
+  rp = geoparam.reparameterize(Reads(), 'wn', exclude=['out'])
+  with pytest.raises(TypeError, match=r"already reparameterized by 'wn'.*geoparam\.Reparam"):
+    geoparam.reparameterize(rp, 'gmp')

@@ -220,3 +220,39 @@ def test_param_groups_of_an_nnx_transformer_in_nnx_optimizer():
         np.testing.assert_allclose(after[layer][name] - before[layer][name],
                                    -RATES[label] * g[layer][name], rtol=1e-4, atol=1e-6,
                                    err_msg=f'{layer}/{name}')
+
+
+class _LinenBlock(nn.Module):
+  """A pre-LN transformer block of flax's own attention and an MLP, then a plain head."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = x + nn.MultiHeadDotProductAttention(2, name='attn')(nn.LayerNorm(name='ln1')(x))
+    h = nn.relu(geoparam.GmP(nn.Dense(16), name='up')(nn.LayerNorm(name='ln2')(x)))
+    return nn.Dense(3, name='head')(x + geoparam.GmP(nn.Dense(8), name='down')(h))
+
+
+def test_param_groups_of_a_converted_linen_transformer_train_at_their_rates():
+  model, x = _LinenBlock(), jnp.asarray(np.random.default_rng(2).normal(size=(2, 3, 8)),
+                                        jnp.float32)
+  rp = geoparam.reparameterize(model, 'wn', where=lambda _, p: p[0] == 'attn')  # GmP: its own
+  params = rp.init(jax.random.key(0), x)['params']
+  labels = param_groups(params)
+  assert {k: labels['attn'][k] for k in ('query', 'key', 'value', 'out')} == dict.fromkeys(
+      ('query', 'key', 'value', 'out'), ROLES['wn'])
+  assert labels['up'] == labels['down'] == ROLES['gmp']
+  assert labels['ln1'] == {'scale': 'norm', 'bias': 'norm'}
+  assert labels['head'] == {'kernel': 'weight', 'bias': 'bias'}
+  tx = _partition()
+
+  @jax.jit
+  def step(params, state):
+    grads = jax.grad(lambda p: jnp.sum(rp.apply({'params': p}, x) ** 2))(params)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, grads
+
+  new, _, grads = step(params, tx.init(params))
+  moved = jax.tree.map(lambda a, b, g, label: (np.asarray(a - b), -RATES[label] * np.asarray(g)),
+                       new, params, grads, labels)
+  for delta, expected in jax.tree.leaves(moved, is_leaf=lambda t: isinstance(t, tuple)):
+    np.testing.assert_allclose(delta, expected, rtol=1e-4, atol=1e-6)

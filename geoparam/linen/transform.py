@@ -342,6 +342,13 @@ def reparameterize(model: nn.Module, method: str | methods.Method, *, where: Whe
             else 'pass the flax.linen Module instance itself')
     raise TypeError(f'reparameterize takes a flax.linen Module instance, got {model!r:.80} '
                     f'({type(model).__name__}): {hint}.')
+  if isinstance(model, Reparameterized):
+    raise TypeError(
+        f'reparameterize takes a plain model, got one already reparameterized by '
+        f'{model.get_method().name!r}: a linen transform applies one method. To mix methods, '
+        'wrap the other layers in the model itself (geoparam.Reparam(layer, method), '
+        'geoparam.GmP(layer), ...), or use geoparam.nnx.reparameterize, which converts in place '
+        'and applies again.')
   built = methods.get(method, **options)  # unknown methods and options fail here, not at a call
   exclude = selection.check_arguments(where, exclude, drop_batchnorm, use_running_average, built)
   return Reparameterized(model, method, where=where, exclude=exclude,
