@@ -178,3 +178,21 @@ def test_reparameterizing_a_reparameterized_model_says_how_to_mix_methods():
   rp = geoparam.reparameterize(Reads(), 'wn', exclude=['out'])
   with pytest.raises(TypeError, match=r"already reparameterized by 'wn'.*geoparam\.Reparam"):
     geoparam.reparameterize(rp, 'gmp')
+
+
+def test_a_wrapped_layer_reads_its_layers_fields():
+  class Model(nn.Module):
+
+    def setup(self):
+      self.dense = geoparam.GmP(nn.Dense(6))
+      self.conv = geoparam.WN(nn.Conv(4, (3, 3), strides=2))
+
+    def __call__(self, x):  # model code reading its layers' fields
+      assert (self.dense.features, self.conv.kernel_size, self.conv.strides) == (6, (3, 3), 2)
+      return self.dense(x)
+
+  shapes = jax.eval_shape(Model().init, jax.random.key(0), jnp.ones((2, 3)))
+  assert jax.tree.map(jnp.shape, shapes['params']['dense']) == {
+      'lam': (6,), 'scale': (6,), 'theta': (2, 6)}
+  with pytest.raises(AttributeError, match='nothing'):
+    geoparam.GmP(nn.Dense(6)).nothing  # pylint: disable=expression-not-assigned

@@ -357,6 +357,17 @@ class _Wrapper(nn.Module):
   def get_method(self) -> methods.Method:
     return self._FACTORY(**{o: getattr(self, o) for o in methods.options_of(self._FACTORY)})
 
+  def __getattr__(self, name: str) -> Any:
+    """The wrapped layer's fields read through the wrapper (`GmP(nn.Dense(8)).features`), as
+    model code reads its layers'."""
+    try:
+      return super().__getattr__(name)
+    except AttributeError:
+      layer = self.__dict__.get('layer')
+      if layer is None or name.startswith('_') or not hasattr(layer, name):
+        raise
+      return getattr(layer, name)
+
   @nn.compact
   def __call__(self, inputs, use_running_average: bool | None = None):
     """Applies the layer to `inputs` with its reparameterized kernel and bias.
