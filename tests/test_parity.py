@@ -18,6 +18,7 @@ import pytest
 
 import geoparam.nnx as gnnx
 from geoparam import kinds
+from tests import training
 from geoparam.nnx import modules
 
 METHODS = ['gmp', 'gmp_imn', 'lcw', 'cwn', 'wn']
@@ -285,19 +286,8 @@ def init_scheme(model, key):
 
 
 def _train(model, tokens, steps=3):
-  opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
   loss = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(tokens), tokens).mean()
-
-  @nnx.jit
-  def step(m, o):
-    value, grads = nnx.value_and_grad(loss)(m)
-    o.update(m, grads)
-    return value
-
-  model.train()
-  losses = [float(step(model, opt)) for _ in range(steps)]
-  model.eval()
-  return losses
+  return training.nnx_train(model, None, None, steps, optax.adam(1e-2), loss)
 
 
 @pytest.mark.parametrize('example', [True, False])

@@ -29,16 +29,17 @@ def trained_like(shapes, seed: int = 0):
   return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
-def nnx_train(model, x, y, steps, tx):
-  """`steps` jitted `tx` steps of an NNX model on the squared error in train mode (eval after);
-  returns the losses."""
+def nnx_train(model, x, y, steps, tx, loss=None):
+  """`steps` jitted `tx` steps of an NNX model on `loss(model)` (default: the squared error of
+  `model(x)` against `y`) in train mode (eval after); returns the losses."""
   opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  loss = loss or (lambda m: jnp.mean((m(x) - y) ** 2))
 
   @nnx.jit
   def step(model, opt):
-    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+    loss_value, grads = nnx.value_and_grad(loss)(model)
     opt.update(model, grads)
-    return loss
+    return loss_value
 
   model.train()
   losses = [float(step(model, opt)) for _ in range(steps)]
