@@ -22,8 +22,9 @@ from geoparam import methods
 from geoparam.methods import run
 from geoparam.selection import name as _name
 
-__all__ = ['bias_free_error', 'kernel_of', 'bn_affine', 'fed_layer', 'identity_batchnorm', 'stack_of',
-           'layout_of', 'imn_width', 'convert_layer', 'plain_layer']
+__all__ = ['bias_free_error', 'kernel_of', 'bn_affine', 'fed_layer', 'identity_batchnorm',
+           'stack_of', 'layout_of', 'imn_width', 'convert_layer', 'plain_layer', 'effective',
+           'convert_weights']
 
 
 def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
@@ -175,24 +176,26 @@ def _flat_mean(kind, layer, x):
   return flat.reshape(-1, flat.shape[-1]).mean(0)
 
 
-def _mean_dot(kind, layer, mean, kernel, path=()):
+def _mean_dot(kind, layer, mean, kernel, path=(), xp=np):
   """`w_f^T m` per unit `(F,)`: IMN's mean `m` against a kernel in the method's shape.
 
   A conv sees the channels of its group at every window position, through its
-  `mask` where it has one; other kinds the flattened contracted axes.
+  `mask` where it has one; other kinds the flattened contracted axes. `xp`: `np`
+  (float64 on the host), or `jnp` (traceable, at the highest matmul precision).
   """
   features = kernel.shape[-1]
+  options = {} if xp is np else {'precision': jax.lax.Precision.HIGHEST}
   if kind.taps:
     mask = getattr(layer, 'mask', None)
-    if _traced(mask):
+    if xp is np and _traced(mask):
       raise ValueError(
           f"layer {_name(path)}: its mask is a traced array (made inside a traced "
           "function, e.g. the model's __call__), and IMN's fold needs its values: give the "
           'layer a mask made outside (a numpy array or a module attribute).')
     if mask is not None:  # the layer multiplies its kernel by it
-      kernel = kernel * np.asarray(mask, np.float64).reshape(kernel.shape)
-    return conv.tap_products(kernel, mean, np).sum(0)
-  return mean @ kernel.reshape(-1, features)
+      kernel = kernel * xp.asarray(mask, kernel.dtype).reshape(kernel.shape)
+    return conv.tap_products(kernel, mean, xp, **options).sum(0)
+  return xp.dot(mean, kernel.reshape(-1, features), **options)
 
 
 def _stacked(one, stack, *arrays):
@@ -297,17 +300,23 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
         'inputs and the layers before it).')
   if mean is not None:  # u^T (x - m) + b' == u^T x + b with b' = b + u^T m
     bias = bias + _mean_dot(kind, layer, mean, kernel, path)
-  try:
-    stored = method.convert(kernel, bias, dtype, use_bias)
-  except ValueError as e:
-    raise ValueError(f'layer {_name(path)}: {e}') from None
-  specs = method.params(kernel.shape, methods.Layer(use_bias=use_bias), lambda: None)
-  stored = {k: jnp.asarray(v, methods.base.stored_dtype(specs[k], dtype) if k in specs else dtype)
-            for k, v in stored.items()}
+  stored = _stored(method, kernel, bias, dtype, use_bias, lambda e: f'layer {_name(path)}: {e}')
   if not imn:
     return stored, None
   mean_dtype = jnp.promote_types(jnp.result_type(inputs), jnp.float32)
   return stored, jnp.asarray(np.zeros(width) if mean is None else mean, mean_dtype)
+
+
+def _stored(method, kernel, bias, dtype, use_bias: bool, message) -> dict[str, jax.Array]:
+  """`method.convert(kernel, bias, dtype, use_bias)`, each variable in its stored dtype; its
+  ValueError `e` raised again as `message(e)` (naming the layer)."""
+  try:
+    stored = method.convert(kernel, bias, dtype, use_bias)
+  except ValueError as e:
+    raise ValueError(message(e)) from None
+  specs = method.params(kernel.shape, methods.Layer(use_bias=use_bias), lambda: None)
+  return {k: jnp.asarray(v, methods.base.stored_dtype(specs[k], dtype) if k in specs else dtype)
+          for k, v in stored.items()}
 
 
 def bias_free_error(method, path) -> ValueError:
@@ -360,9 +369,6 @@ def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
   return layout.to_layer(kernel, bias)
 
 
-__all__ += ['effective', 'convert_weights']  # a reparameterized layer's weights read and written
-
-
 def effective(method, layer, stored, layout: kinds.Layout, mean=None):
   """`(kernel, bias)` of the plain layer that `method`'s `stored` variables stand for, traceable.
 
@@ -376,16 +382,8 @@ def effective(method, layer, stored, layout: kinds.Layout, mean=None):
   shape = layout.method_shape
   kernel, bias = method.apply(stored, shape)
   if mean is not None:
-    kind = kinds.of(layer)
     mean = jnp.asarray(mean).astype(kernel.dtype)
-    if kind.taps:
-      k = kernel
-      mask = getattr(layer, 'mask', None)
-      if mask is not None:
-        k = k * jnp.asarray(mask, k.dtype).reshape(k.shape)
-      fold = conv.tap_products(k, mean, jnp, precision=jax.lax.Precision.HIGHEST).sum(0)
-    else:
-      fold = jnp.dot(mean, kernel.reshape(-1, shape[-1]), precision=jax.lax.Precision.HIGHEST)
+    fold = _mean_dot(kinds.of(layer), layer, mean, kernel, xp=jnp)
     bias = (jnp.zeros(shape[-1], kernel.dtype) if bias is None else bias) - fold
   return layout.to_layer(kernel, bias)
 
@@ -416,14 +414,9 @@ def convert_weights(method, layer, kernel, bias, mean, layout: kinds.Layout, use
             "[...] = 0, which changes the function by w^T mean), or set the method's variables "
             'directly.')
       b = b + _mean_dot(kinds.of(layer), layer, np.asarray(m, np.float64), k, where)
-    try:
-      stored = method.convert(k, b, dtype, use_bias)
-    except ValueError as e:
-      raise ValueError(f'layer {_name(where)}: {method.name!r} cannot hold these weights: {e} '
-                       'Assign weights the method can represent, or bake the layer '
-                       '(geoparam.nnx.bake / geoparam.bake) and assign to the plain one.') from None
-    specs = method.params(k.shape, methods.Layer(use_bias=use_bias), lambda: None)
-    return {n: np.asarray(v, methods.base.stored_dtype(specs[n], dtype) if n in specs else dtype)
-            for n, v in stored.items()}
+    return _stored(method, k, b, dtype, use_bias, lambda e: (
+        f'layer {_name(where)}: {method.name!r} cannot hold these weights: {e} Assign weights '
+        'the method can represent, or bake the layer (geoparam.nnx.bake / geoparam.bake) and '
+        'assign to the plain one.'))
 
   return _stacked(one, stack, kernel, bias, mean)
