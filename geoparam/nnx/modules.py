@@ -563,10 +563,7 @@ class Reparam(nnx.Module):
     and `param_dtype`, computed from the method's variables (traceable: `jit`, `grad`). `bias`
     is None for a layer without a bias (and no bias term). A layer stacked by `nnx.vmap` gives
     them stacked."""
-    if self.scale_outside:
-      raise AttributeError(
-          f'{type(self).__name__}: the scale multiplies after the activation, so no plain kernel '
-          'computes this layer; read its variables (params()).')
+    self._refuse_paper_form('plain weights')
     params = self.params()
     mean = self.input_mean_norm['mean'][...] if self.method.imn is not None else None
     one = functools.partial(exact.effective, self.method, self.layer, layout=self.layout)
@@ -580,11 +577,15 @@ class Reparam(nnx.Module):
     return self.layer_has_bias or bool(set(methods.base.bias_names(
         self.method, self.layout.method_shape)) & set(self.param_names))
 
-  def _weight(self, which):
+  def _refuse_paper_form(self, what: str) -> None:
+    """The paper form has no plain `what` (kernel, bias, weights): raises AttributeError."""
     if self.scale_outside:
       raise AttributeError(
-          f'{type(self).__name__} has no {which}: the scale multiplies after the activation, so '
+          f'{type(self).__name__} has no {what}: the scale multiplies after the activation, so '
           'no plain kernel computes it; read its variables (params()).')
+
+  def _weight(self, which):
+    self._refuse_paper_form(which)
     if which == 'bias' and not self._has_bias_term():
       return None
     return Weight(self, which)
