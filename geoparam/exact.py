@@ -34,7 +34,14 @@ def layout_of(layer, inputs_shape, path=()) -> kinds.Layout:
 
 def kernel_of(kind: kinds.Kind, variables, path=()):
   """`variables[kind.kernel]`: a layer's kernel from its variables (a dict by name); a kind that
-  names a variable the layer does not hold raises a ValueError saying what it holds."""
+  names a variable the layer does not hold raises a ValueError saying what it holds.
+
+    >>> kernel_of(kinds.DENSE, {'kernel': 1, 'bias': 0})
+    1
+    >>> kernel_of(kinds.DENSE, {'w': 1}, ('proj',))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: layer proj: its kind 'Dense' names the kernel variable 'kernel', but the layer holds ['w']: ...
+  """
   if kind.kernel not in variables:
     raise ValueError(
         f'layer {_name(path)}: its kind {kind.name!r} names the kernel variable {kind.kernel!r}, '

@@ -101,6 +101,13 @@ def param_groups(params: Any) -> Any:
 
   `params`: linen `variables['params']` or an NNX `nnx.State` (`nnx.state(model, nnx.Param)`);
   usable directly as `optax.partition`'s labels function (and so in `nnx.Optimizer`).
+
+    >>> import numpy as np
+    >>> param_groups({'hidden': {'theta': np.zeros((2, 4)), 'lam': np.zeros(4),
+    ...                          'scale': np.ones(4)},
+    ...               'norm': {'scale': np.ones(4), 'bias': np.zeros(4)},
+    ...               'head': {'kernel': np.zeros((4, 2)), 'bias': np.zeros(2)}})
+    {'head': {'bias': 'bias', 'kernel': 'weight'}, 'hidden': {'lam': 'bias', 'scale': 'scale', 'theta': 'direction'}, 'norm': {'bias': 'norm', 'scale': 'norm'}}
   """
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   siblings = {}
