@@ -755,16 +755,18 @@ def _eager(module, signature, params, mean, inputs, mode, out_sharding=None):
 
 
 def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), fold=None, *,
-              use_running_average: bool | None = False) -> Reparam:
+              use_running_average: bool | None = False, layout: kinds.Layout | None = None
+              ) -> Reparam:
   """`Reparam` of `layer` holding its current weights converted exactly
   (`geoparam.exact.convert_layer`): what `geoparam.nnx.reparameterize` puts in its place.
 
   `inputs`: the layer's input on an example batch (calibrates IMN; None: a zero example);
   `fold`: a following BatchNorm's `(s, t)` folded in. A layer stacked on leading axes by
   `nnx.vmap` (run by `nnx.scan`) gets its variables stacked the same way (`module.stack`);
-  `nnx.scan` hands each step one layer's slice.
+  `nnx.scan` hands each step one layer's slice. `layout`: the layer's, when already known
+  (`layout_of`).
   """
-  layout = layout_of(layer, path)
+  layout = layout_of(layer, path) if layout is None else layout
   kind = kinds.of(layer)
   kernel, bias = (None if v is None else v[...] for v in _weights(layer, path))
   stack = exact.stack_of(jnp.shape(kernel), layout, path)

@@ -68,14 +68,11 @@ class DroppedBatchNorm(nnx.Module):
     return x
 
 
-def _replace(model, path, new):
-  """Puts `new` at `path` of the graph (attribute of a Module, or item of a List/dict)."""
-  parent = model
-  for key in path[:-1]:
-    parent = getattr(parent, key) if isinstance(key, str) and hasattr(parent, key) else parent[key]
-  key = path[-1]
-  if isinstance(parent, nnx.Module) and isinstance(key, str) and not isinstance(
-      parent, nnx.List):
+def _replace(nodes, path, new):
+  """Puts `new` at `path` of the graph (`nodes`: its `nnx.iter_graph` by path): an attribute of
+  a Module, or an item of a List/dict."""
+  parent, key = nodes[path[:-1]], path[-1]
+  if isinstance(parent, nnx.Module) and isinstance(key, str) and not isinstance(parent, nnx.List):
     setattr(parent, key, new)
   else:
     parent[key] = new
@@ -126,28 +123,11 @@ def _record(model, paths, example_args):
   return log
 
 
-def _paths_by_id(node, path=(), out=None, stack=()):
-  """`{id(module or variable): [paths]}`: every path that reaches each module and variable
-  (shared ones have several)."""
-  out = {} if out is None else out
-  if id(node) in stack:
-    return out
-  if isinstance(node, (nnx.Module, nnx.Variable)):
-    out.setdefault(id(node), []).append(path)
-  if isinstance(node, nnx.Variable):
-    return out
-  if isinstance(node, nnx.List) or isinstance(node, (list, tuple)):
-    children = enumerate(node)
-  elif isinstance(node, dict):
-    children = node.items()
-  elif isinstance(node, nnx.Module):
-    children = ((k, v) for k, v in vars(node).items() if not k.startswith('_pytree__'))
-  else:
-    return out
-  for key, child in children:
-    if isinstance(child, (nnx.Module, nnx.Variable, list, tuple, dict)):
-      _paths_by_id(child, path + (key,), out, stack + (id(node),))
-  return out
+def _others(shared, path) -> list[tuple]:
+  """The other paths that reach the module or variable at `path`, itself shared or inside a
+  shared module (`shared`: `{path: all its node's paths}` of `nnx.find_duplicates`)."""
+  return [other + path[n:] for n in range(len(path) + 1) for other in shared.get(path[:n], ())
+          if other != path[:n]]
 
 
 def reparameterize(model: nnx.Module, method: str | methods.Method, *example_args,
@@ -195,10 +175,10 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
                     f'{model!r:.80} ({type(model).__name__}): {hint}.')
   exclude = selection.check_arguments(where, exclude, drop_batchnorm, use_running_average,
                                        method)
-  nodes = list(nnx.iter_graph(model))
-  seen = [p for p, n in nodes if kinds.of(n) is not None or isinstance(n, nnx.BatchNorm)]
+  nodes = dict(nnx.iter_graph(model))
+  seen = [p for p, n in nodes.items() if kinds.of(n) is not None or isinstance(n, nnx.BatchNorm)]
   layers, norms = {}, {}  # the selected kernel layers and (drop_batchnorm) BatchNorms
-  for path, node in nodes:
+  for path, node in nodes.items():
     kind = kinds.of(node)
     norm = drop_batchnorm and isinstance(node, nnx.BatchNorm)
     if (kind is None and not norm) or not selection.selected(node, path, where, exclude):
@@ -208,31 +188,32 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
     (layers if kind is not None else norms)[path] = node
   selection.check_selection(type(model).__name__, method.name, seen, list(layers), where,
                             exclude, 'holds')
-  paths = _paths_by_id(model)
+  shared = {p: paths for paths in nnx.find_duplicates(model) for p in paths}
   for path, node in {**layers, **norms}.items():
-    if len(paths.get(id(node), ())) > 1:
+    if _others(shared, path):
       raise ValueError(
           f'{type(node).__name__} at {_name(path)} is shared (also at '
-          f'{", ".join(_name(p) for p in paths[id(node)] if p != path)}): replacing it in one '
+          f'{", ".join(_name(p) for p in _others(shared, path))}): replacing it in one '
           'place would leave the other plain; exclude it, or give each place its own layer.')
   for path, node in layers.items():  # a tie through one nnx.Param: converted apart, it would untie
     kind = kinds.of(node)
     for attr in (kind.kernel, kind.bias):
-      variable = getattr(node, attr, None)
-      others = [p for p in paths.get(id(variable), ()) if p != path + (attr,)]
-      if isinstance(variable, nnx.Variable) and others:
+      others = _others(shared, path + (attr,))
+      if others:
         raise ValueError(
             f'the {attr} of {type(node).__name__} at {_name(path)} is tied: the same '
-            f'{type(variable).__name__} is also at {", ".join(_name(p) for p in others)}. '
-            'Converted apart, the tie would come undone (each layer its own method variables); '
-            'exclude the tied layers, or untie them (and tie again after bake).')
+            f'{type(getattr(node, attr)).__name__} is also at '
+            f'{", ".join(_name(p) for p in others)}. Converted apart, the tie would come undone '
+            '(each layer its own method variables); exclude the tied layers, or untie them (and '
+            'tie again after bake).')
   if norms and not example_args:
     raise ValueError('drop_batchnorm=True needs an example batch (reparameterize(model, method, '
                      'x, ...)) to find the layer that feeds each BatchNorm.')
   if use_running_average is None:
-    use_running_average = next((n.use_running_average for _, n in nodes if isinstance(
+    use_running_average = next((n.use_running_average for n in nodes.values() if isinstance(
         n, nnx.Module) and getattr(n, 'use_running_average', None) is not None), True)
   calls = _record(model, list(layers) + list(norms), example_args) if example_args else {}
+  layouts = {p: modules.layout_of(n, p) for p, n in layers.items()}
   folds, dropped = {}, {}
   outputs = {p: calls[p][1] for p in layers if p in calls}
   for bn_path, bn in norms.items():
@@ -240,21 +221,19 @@ def reparameterize(model: nnx.Module, method: str | methods.Method, *example_arg
       raise ValueError(f'BatchNorm {_name(bn_path)} did not run on the example batch, so the '
                        'layer that feeds it is unknown and it cannot be dropped (exclude it, or '
                        'give an example that runs it).')
-    producer = exact.fed_layer(bn_path, calls[bn_path][0], outputs, lambda p: modules.layout_of(
-        layers[p], p), bn.axis, (bn.num_features,))
+    producer = exact.fed_layer(bn_path, calls[bn_path][0], outputs, layouts.get, bn.axis,
+                               (bn.num_features,))
     folds[producer] = exact.bn_affine(
         bn.mean[...], bn.var[...], bn.epsilon, bn.scale[...] if bn.use_scale else None,
         bn.bias[...] if bn.use_bias else None)
-    dropped[bn_path] = producer
+    dropped[bn_path] = DroppedBatchNorm(bn, producer)
   converted = {p: modules.converted(n, method, calls.get(p, (None,))[0], p, folds.get(p),
-                                    use_running_average=use_running_average)
+                                    use_running_average=use_running_average, layout=layouts[p])
                for p, n in layers.items()}  # inputs None: a layer that did not run
   if () in converted:  # the model is the layer itself: its wrapper is the new model
     return converted[()]
-  for path, wrapper in converted.items():
-    _replace(model, path, wrapper)
-  for bn_path, producer in dropped.items():
-    _replace(model, bn_path, DroppedBatchNorm(norms[bn_path], producer))
+  for path, new in {**converted, **dropped}.items():
+    _replace(nodes, path, new)
   return model
 
 
@@ -278,24 +257,24 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
     raise TypeError(f'geoparam.nnx.bake takes an nnx.Module, got a {type(model).__name__}: '
                     f'{hint}.')
   checks.flag('approximate_borders', approximate_borders, 'bake')
-  nodes = list(nnx.iter_graph(model))
+  nodes = dict(nnx.iter_graph(model))
   if not any(isinstance(n, DroppedBatchNorm) or (isinstance(n, modules.Reparam) and
-                                                  not n.scale_outside) for _, n in nodes):
+                                                  not n.scale_outside) for n in nodes.values()):
     raise ValueError(
         f'geoparam.nnx.bake: {type(model).__name__} holds no reparameterized layer (and no '
         'dropped BatchNorm), so there is nothing to bake (paper-form layers such as GmPLinear '
         'have no plain form and stay). Pass the model that geoparam.nnx.reparameterize '
         'returned.')
-  producers = {n.producer for _, n in nodes if isinstance(n, DroppedBatchNorm)}
+  producers = {n.producer for n in nodes.values() if isinstance(n, DroppedBatchNorm)}
   plain, biases = {}, {}
-  for path, node in nodes:
+  for path, node in nodes.items():
     if isinstance(node, modules.Reparam) and not node.scale_outside:
       layer, bias = node.plain_layer(approximate_borders=approximate_borders,
                                      carry_bias=path in producers, path=path)
       plain[path] = layer
       if not node.layer_has_bias:
         biases[path] = bias
-  for path, node in nodes:
+  for path, node in nodes.items():
     if isinstance(node, DroppedBatchNorm):
       bn = nnx.BatchNorm(node.num_features, epsilon=node.epsilon, use_scale=node.use_scale,
                          use_bias=node.use_bias, param_dtype=node.param_dtype,
@@ -310,5 +289,5 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
   if () in plain:  # the model is one wrapper: its plain layer is the new model
     return plain[()]
   for path, new in plain.items():
-    _replace(model, path, new)
+    _replace(nodes, path, new)
   return model
