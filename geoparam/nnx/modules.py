@@ -226,23 +226,22 @@ class Weight:
     return self._owner.weights()[_WEIGHTS.index(self._which)]
 
   def set_value(self, value) -> None:
-    self._owner._assign(**{self._which: value})  # pylint: disable=protected-access
+    self._owner._assign(self._which, value)  # pylint: disable=protected-access
 
   value = property(get_value, set_value)
 
   def __getitem__(self, index):
-    value = self.get_value()
-    return value if index is Ellipsis else value[index]
+    return self.get_value() if index is Ellipsis else self.get_value()[index]
 
   def __setitem__(self, index, value):
-    if index is Ellipsis or (isinstance(index, slice) and index == slice(None)):
-      self.set_value(value)
-    else:
-      self.set_value(jnp.asarray(self.get_value()).at[index].set(value))
+    whole = index is Ellipsis or (isinstance(index, slice) and index == slice(None))
+    self.set_value(value if whole else self.get_value().at[index].set(value))
 
   @property
   def shape(self) -> tuple[int, ...]:
-    return self._owner._weight_shape(self._which)  # pylint: disable=protected-access
+    owner = self._owner
+    own = tuple(owner.kernel_shape) if self._which == 'kernel' else owner.layout.units
+    return owner._lead() + own  # pylint: disable=protected-access
 
   @property
   def dtype(self):
@@ -260,8 +259,10 @@ class Weight:
     return self.shape[0]
 
   def get_metadata(self, name=None, default=None):
-    names = self._owner._weight_names(self._which)  # pylint: disable=protected-access
-    metadata = {'out_sharding': names} if names else {}
+    owner, names = self._owner, self._owner.kernel_names
+    if names and self._which == 'bias':
+      names = tuple(names[a] for a in owner.layout.unit_axes)
+    metadata = {'out_sharding': names} if names and not owner.stack else {}
     return metadata if name is None else metadata.get(name, default)
 
   @property
@@ -285,21 +286,18 @@ class Weight:
             f'dtype={self.dtype}, computed from {list(self._owner.param_names)})')
 
 
-def _binary(name):
-  def op(self, other):
-    other = other.get_value() if isinstance(other, Weight) else other
-    return getattr(self.get_value(), name)(other)
+def _operator(name):
+  """`Weight`'s operator `name`: the value's, with a `Weight` operand read as its value."""
+  def op(self, *other):  # one operand (binary operators) or none (unary)
+    other = [o.get_value() if isinstance(o, Weight) else o for o in other]
+    return getattr(self.get_value(), name)(*other)
   op.__name__ = name
   return op
 
 
-for _op in ('add', 'sub', 'mul', 'truediv', 'floordiv', 'pow', 'matmul', 'mod'):
-  for _name in (f'__{_op}__', f'__r{_op}__'):
-    setattr(Weight, _name, _binary(_name))
-for _name in ('__lt__', '__le__', '__gt__', '__ge__', '__eq__', '__ne__'):
-  setattr(Weight, _name, _binary(_name))
-Weight.__neg__ = lambda self: -self.get_value()
-Weight.__abs__ = lambda self: abs(self.get_value())
+for _name in ('add sub mul truediv floordiv pow matmul mod radd rsub rmul rtruediv rfloordiv rpow '
+              'rmatmul rmod lt le gt ge eq ne neg abs').split():
+  setattr(Weight, f'__{_name}__', _operator(f'__{_name}__'))
 Weight.__hash__ = None
 
 
@@ -313,9 +311,7 @@ class _WeightAttribute:
     self.which = which
 
   def __get__(self, obj, cls=None):
-    if obj is None:
-      return self
-    return obj._weight(self.which)  # pylint: disable=protected-access
+    return self if obj is None else obj._weight(self.which)  # pylint: disable=protected-access
 
   def __set__(self, obj, value):
     if isinstance(value, (nnx.Variable, Weight)):
@@ -324,7 +320,7 @@ class _WeightAttribute:
           "computed from the method's variables, so a variable cannot take its place (a tie "
           'between layers: reparameterize refuses one, naming it; tie the plain layers after '
           f'bake). Assign an array instead: layer.{self.which} = W (or [...] = W) converts it.')
-    obj._assign(**{self.which: value})  # pylint: disable=protected-access
+    obj._assign(self.which, value)  # pylint: disable=protected-access
 
   def __delete__(self, obj):
     raise AttributeError(f'{type(obj).__name__}.{self.which} cannot be deleted.')
@@ -552,9 +548,9 @@ class Reparam(nnx.Module):
 
   # ------------------------------------------------------------------- effective weights
 
-  def _lead(self, params) -> tuple[int, ...]:
+  def _lead(self) -> tuple[int, ...]:
     """The stacked axes in front of the variables as they are now (`nnx.scan` hands a slice)."""
-    first = jnp.shape(params[self.param_names[0]])
+    first = vars(self)[self.param_names[0]].shape
     return tuple(first[:len(first) - len(self.param_shapes[0])])
 
   def weights(self) -> tuple[jax.Array, jax.Array | None]:
@@ -564,74 +560,51 @@ class Reparam(nnx.Module):
     is None for a layer without a bias (and no bias term). A layer stacked by `nnx.vmap` gives
     them stacked."""
     self._refuse_paper_form('plain weights')
-    params = self.params()
-    mean = self.input_mean_norm['mean'][...] if self.method.imn is not None else None
     one = functools.partial(exact.effective, self.method, self.layer, layout=self.layout)
-    for _ in self._lead(params):
+    for _ in self._lead():
       one = jax.vmap(one)
-    kernel, bias = one(params, mean=mean)
-    cast = lambda a: a.astype(self.kernel_dtype)
-    return cast(kernel), (cast(bias) if self._has_bias_term() else None)
+    kernel, bias = one(self.params(), mean=self._mean())
+    bias = bias.astype(self.kernel_dtype) if self._has_bias_term() else None
+    return kernel.astype(self.kernel_dtype), bias
 
   def _has_bias_term(self) -> bool:
     return self.layer_has_bias or bool(set(methods.base.bias_names(
         self.method, self.layout.method_shape)) & set(self.param_names))
 
-  def _refuse_paper_form(self, what: str) -> None:
-    """The paper form has no plain `what` (kernel, bias, weights): raises AttributeError."""
+  def _refuse_paper_form(self, what: str, error: type[Exception] = AttributeError) -> None:
+    """The paper form has no plain `what` (kernel, bias, weights, layer): raises `error`."""
     if self.scale_outside:
-      raise AttributeError(
+      raise error(
           f'{type(self).__name__} has no {what}: the scale multiplies after the activation, so '
-          'no plain kernel computes it; read its variables (params()).')
+          'no plain kernel computes it; read or set its variables (params(), theta, ...).')
 
   def _weight(self, which):
     self._refuse_paper_form(which)
-    if which == 'bias' and not self._has_bias_term():
-      return None
-    return Weight(self, which)
+    return None if which == 'bias' and not self._has_bias_term() else Weight(self, which)
 
-  def _weight_shape(self, which):
-    lead = self._lead({self.param_names[0]: vars(self)[self.param_names[0]]})
-    return lead + (tuple(self.layout.kernel_shape) if which == 'kernel' else self.layout.units)
-
-  def _weight_names(self, which):
-    names = self.kernel_names
-    if not names or self.stack:
-      return None
-    return names if which == 'kernel' else tuple(names[a] for a in self.layout.unit_axes)
-
-  def _assign(self, kernel=None, bias=None):
-    """Converts the plain `kernel` and/or `bias` (the other kept) into the method's variables,
-    exactly (`geoparam.exact.convert_weights`); eager only."""
+  def _assign(self, which, value):
+    """Converts the plain `which` ('kernel' or 'bias') `value` (the other kept) into the method's
+    variables, exactly (`geoparam.exact.convert_weights`); eager only."""
     name = type(self).__name__
-    which = 'kernel' if kernel is not None else 'bias'
-    if self.scale_outside:
-      raise TypeError(f'{name}: the scale multiplies after the activation, so no plain {which} '
-                      'converts into this layer; set its variables (theta, lam, scale).')
+    self._refuse_paper_form(f'plain {which} to assign', TypeError)
     params = self.params()
-    if _gradient_traced((kernel, bias)) or any(
-        isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((kernel, bias, params))):
+    if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((value, params))):
       raise ValueError(f'{name}: assigning the {which} converts it exactly on the host (float64), '
                        'so it runs outside jit/grad; assign outside the traced function, or set '
                        "the method's variables there.")
-    if bias is not None and not self._has_bias_term():
+    if which == 'bias' and not self._has_bias_term():
       raise ValueError(f'{name}: the layer has no bias (use_bias=False), so there is none to '
                        'assign.')
-    stack = self._lead(params)
-    mean = None if self.method.imn is None else np.asarray(self.input_mean_norm['mean'][...])
-    current = exact.plain_layer(self.method, self.layer, params, self.layout, mean, (name,),
-                                approximate_borders=True, stack=stack)
-    new = []
-    for given, now, label in ((kernel, current[0], 'kernel'), (bias, current[1], 'bias')):
-      if given is None:
-        new.append(now)
-        continue
-      given = np.asarray(given, np.float64)
-      if given.shape != np.shape(now):
-        raise ValueError(f'{name}: the assigned {label} has shape {given.shape}, the layer\'s is '
-                         f'{np.shape(now)}.')
-      new.append(given)
-    stored = exact.convert_weights(self.method, self.layer, new[0], new[1], mean, self.layout,
+    stack, mean = self._lead(), self._mean()
+    new = list(exact.plain_layer(self.method, self.layer, params, self.layout, mean, (name,),
+                                 approximate_borders=True, stack=stack))
+    index = _WEIGHTS.index(which)
+    value = np.asarray(value, np.float64)
+    if value.shape != np.shape(new[index]):
+      raise ValueError(f'{name}: the assigned {which} has shape {value.shape}, the layer\'s is '
+                       f'{np.shape(new[index])}.')
+    new[index] = value
+    stored = exact.convert_weights(self.method, self.layer, *new, mean, self.layout,
                                    self._has_bias_term(), self.kernel_dtype, (name,), stack)
     for n in self.param_names:
       variable = vars(self)[n]
@@ -645,6 +618,10 @@ class Reparam(nnx.Module):
   def params(self) -> dict[str, jax.Array]:
     """The method's stored variables, `{name: array}`."""
     return {n: vars(self)[n][...] for n in self.param_names}
+
+  def _mean(self) -> jax.Array | None:
+    """IMN's running mean (None without IMN)."""
+    return self.input_mean_norm['mean'][...] if self.method.imn is not None else None
 
   def __call__(self, inputs, use_running_average: bool | None = None, out_sharding=None):
     """Applies the layer to `inputs` with its reparameterized kernel and bias (IMN first when the
@@ -726,12 +703,9 @@ class Reparam(nnx.Module):
     path in the model, for error messages (default: the wrapper's type).
     """
     path = tuple(path) or (type(self).__name__,)
-    if self.scale_outside:
-      raise TypeError(f'{_path_name(path)}: the scale of a {type(self).__name__} multiplies '
-                      'after its activation, so no plain layer computes it.')
-    mean = None if self.method.imn is None else np.asarray(self.input_mean_norm['mean'][...])
-    kernel, bias = exact.plain_layer(self.method, self.layer, self.params(), self.layout, mean,
-                                     path, approximate_borders, self.stack)
+    self._refuse_paper_form('plain layer', TypeError)
+    kernel, bias = exact.plain_layer(self.method, self.layer, self.params(), self.layout,
+                                     self._mean(), path, approximate_borders, self.stack)
     plain = nnx.clone(self.layer)
     kind = kinds.of(plain)
     setattr(plain, kind.kernel, _param(jnp.asarray(kernel, self.kernel_dtype),
