@@ -29,17 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import functools
-import itertools
 import os
 from typing import Any
 import warnings
 
 from flax import nnx
 from flax.core import meta
-from flax.nnx import variablelib
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
 from geoparam import activations
@@ -70,8 +67,7 @@ class _View:
   """`layer`'s attributes, with some replaced (its kernel and bias): what its `__call__` reads."""
 
   def __init__(self, layer, **replaced):
-    self._layer = layer
-    self.__dict__.update(replaced)
+    self.__dict__.update(replaced, _layer=layer)
 
   def __getattr__(self, name):
     return getattr(self._layer, name)
@@ -81,7 +77,7 @@ def _probe(layer, kernel, ones):
   """`conv.tap_mask`'s probe: the NNX conv with a one-hot kernel per tap, one input channel."""
   view = _View(layer, kernel=kernel, bias=None, use_bias=False, in_features=1,
                out_features=kernel.shape[-1], feature_group_count=1, mask=None,
-               dtype=jnp.float32, precision=lax.Precision.HIGHEST,
+               dtype=jnp.float32, precision=jax.lax.Precision.HIGHEST,
                promote_dtype=nnx.nn.dtypes.promote_dtype, kernel_shape=kernel.shape)
   return _own_call(layer)(view, jnp.asarray(ones))
 
@@ -112,9 +108,8 @@ def layer_ops(layer: nnx.Module, layout: kinds.Layout, ndim: int, imn: bool,
                            'use_bias': bias is not None})
     return _own_call(layer)(view, x, **kwargs)
 
-  probe = functools.partial(_probe, layer)
   return run.LayerOps.of(layer, kind, run_layer, lambda spatial: conv.tap_mask(
-      layer, spatial, probe), layout, ndim, imn)
+      layer, spatial, functools.partial(_probe, layer)), layout, ndim, imn)
 
 
 def layout_of(layer, path=()) -> kinds.Layout:
@@ -132,15 +127,15 @@ def _weights(layer, path=()):
   """`(kernel, bias)` variables of a plain NNX layer (bias None when it has none)."""
   kind = kinds.of(layer)
   held = {k: v for k, v in vars(layer).items() if isinstance(v, nnx.Variable)}
-  kernel = exact.kernel_of(kind, held, path)
-  return kernel, getattr(layer, kind.bias) if kind.has_bias(layer) else None
+  bias = getattr(layer, kind.bias) if kind.has_bias(layer) else None
+  return exact.kernel_of(kind, held, path), bias
 
 
 # ----------------------------------------------------------------------------- variables
 
 def _unbox(value):
   """`(array, sharding names or None)` of an initializer's output (NNX or linen metadata)."""
-  if isinstance(value, variablelib.VariableMetadata):
+  if isinstance(value, nnx.VariableMetadata):
     names = value.metadata.get('out_sharding') or value.metadata.get('sharding_names')
     return value.raw_value, (tuple(names) if names else None)
   if isinstance(value, meta.Partitioned):
@@ -175,14 +170,12 @@ def _linen_variables(module) -> dict[str, Any]:
 
 
 def _mode(module, use_running_average):
-  if use_running_average is None:
-    use_running_average = module.use_running_average
-  if use_running_average is None:
+  mode = module.use_running_average if use_running_average is None else use_running_average
+  if mode is None:
     raise ValueError(f'{type(module).__name__}: use_running_average is None; set it, call '
                      'model.train()/model.eval(), or pass it to the call.')
-  checks.flag('use_running_average', use_running_average, type(module).__name__,
-                       optional=True)
-  return bool(use_running_average)
+  checks.flag('use_running_average', mode, type(module).__name__, optional=True)
+  return bool(mode)
 
 
 class _Held:
@@ -192,12 +185,6 @@ class _Held:
 
   def __init__(self, layer):
     self.layer = layer
-
-
-def _keys(seed):
-  """Keys for initializers when no `rngs` is given (deterministic: initializations from weights)."""
-  count = itertools.count(1)
-  return lambda: jax.random.fold_in(jax.random.key(seed), next(count))
 
 
 # ----------------------------------------------------------------------------- effective weights
@@ -335,28 +322,16 @@ def _put(module, name, value):
   vars(module)[name] = value
 
 
-_TYPED: dict[tuple[type, type], type] = {}
-
-
+@functools.cache
 def _typed(wrapper: type, layer_type: type) -> type:
   """The class `wrapper[layer_type]`: a subclass of both, made once per pair, so a
   reparameterized layer is still an instance of its layer's type (as `torch.nn.utils.parametrize`
   keeps a module's class). `Reparam[Linear]`, `GmP[Conv]`, ..."""
-  wrapper = getattr(wrapper, '_wrapper', wrapper)
-  key = (wrapper, layer_type)
-  if key not in _TYPED:
-    name = f'{wrapper.__name__}[{layer_type.__name__}]'
-    _TYPED[key] = type(name, (wrapper, layer_type), dict(
-        __module__=wrapper.__module__, __qualname__=name, _wrapper=wrapper,
-        __doc__=f'`{wrapper.__name__}` around an `{layer_type.__name__}`: an instance of both '
-                '(made by `geoparam.nnx.Reparam`, one class per pair).'))
-  return _TYPED[key]
-
-
-def _gradient_traced(values) -> bool:
-  """Whether any of `values` is being differentiated (`jax.grad`, `nnx.grad`)."""
-  return any(type(v).__name__ in ('JVPTracer', 'LinearizeTracer')
-             for v in jax.tree.leaves(values))
+  name = f'{wrapper.__name__}[{layer_type.__name__}]'
+  return type(name, (wrapper, layer_type), dict(
+      __module__=wrapper.__module__, __qualname__=name, _wrapper=wrapper,
+      __doc__=f'`{wrapper.__name__}` around an `{layer_type.__name__}`: an instance of both '
+              '(made by `geoparam.nnx.Reparam`, one class per pair).'))
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -406,7 +381,7 @@ class Reparam(nnx.Module):
     del args, kwargs
     if isinstance(layer, nnx.Module) and not issubclass(cls, _PaperForm) and kinds.of(
         layer) is not None:
-      cls = _typed(cls, type(layer))
+      cls = _typed(getattr(cls, '_wrapper', cls), type(layer))  # (a typed class: its wrapper's)
     return object.__new__(cls)
 
   def __init__(self, layer: nnx.Module, method: str | methods.Method = 'gmp', *,
@@ -432,29 +407,28 @@ class Reparam(nnx.Module):
                                _constant(bias[...].reshape(-1)) if bias is not None
                                else nnx.initializers.zeros, use_bias)
 
-    def draw(keys):  # the method's initial variables, `{name: (value, sharding names)}`
-      joint = functools.cache(lambda: keys())  # one key for a joint draw, taken when needed
-      specs = method.params(shape, layer_init, joint)
+    def draw(keys):  # the method's initial variables (or the given ones), `{name: (value, names)}`
+      specs = method.params(shape, layer_init, functools.cache(keys))  # a joint draw's one key
+      if params is not None:
+        return specs, {n: (jnp.asarray(params[n]), None) for n in specs if n in params}
       return specs, {n: _unbox(p.init(keys(), p.shape, methods.base.stored_dtype(p, dtype)))
                      for n, p in specs.items()}
 
-    if params is not None:
-      specs = method.params(shape, layer_init, lambda: None)
-      missing = [n for n in specs if n not in params]
-      if missing:
-        raise ValueError(f'{name}: params lacks {missing}: method {method.name!r} stores '
-                         f'{list(specs)} for this layer (got {sorted(params)}); pass them all, '
-                         'or leave params out to start from the layer\'s weights.')
-      drawn = {n: (jnp.asarray(params[n]), None) for n in specs}
-    else:
-      specs, drawn = draw(rngs.params if rngs is not None else _keys(0))
-      if rngs is None and not any(isinstance(v, jax.core.Tracer) for v, _ in drawn.values()):
-        other = draw(_keys(1))[1]  # a random draw would repeat in every layer of this shape
-        if any(not np.array_equal(drawn[n][0], other[n][0]) for n in drawn):
-          raise ValueError(
-              f'{name}: method {method.name!r} draws its initial variables at random; pass '
-              "rngs=nnx.Rngs(...) (or start from the layer's weights, e.g. GmP's "
-              "initialization='layer').")
+    # without rngs, fixed keys: the draw must not depend on them (an initialization from weights)
+    specs, drawn = draw(rngs.params if rngs is not None else nnx.Rngs(0).params)
+    missing = [n for n in specs if n not in drawn]
+    if missing:
+      raise ValueError(f'{name}: params lacks {missing}: method {method.name!r} stores '
+                       f'{list(specs)} for this layer (got {sorted(params)}); pass them all, '
+                       'or leave params out to start from the layer\'s weights.')
+    if rngs is None and params is None and not any(
+        isinstance(v, jax.core.Tracer) for v, _ in drawn.values()):
+      other = draw(nnx.Rngs(1).params)[1]  # a random draw would repeat in every layer of a shape
+      if any(not np.array_equal(drawn[n][0], other[n][0]) for n in drawn):
+        raise ValueError(
+            f'{name}: method {method.name!r} draws its initial variables at random; pass '
+            "rngs=nnx.Rngs(...) (or start from the layer's weights, e.g. GmP's "
+            "initialization='layer').")
     stripped = nnx.clone(layer)  # its kernel a shape only (a kind's layout may read it)
     setattr(stripped, kind.kernel, nnx.Param(jax.ShapeDtypeStruct(kernel.shape, kernel.dtype)))
     setattr(stripped, kind.bias, None)
@@ -472,8 +446,8 @@ class Reparam(nnx.Module):
     self.param_shapes = tuple(tuple(p.shape) for p in specs.values())  # unstacked
     self.wide_names = tuple(n for n, p in specs.items() if p.min_dtype is not None)
     if width is not None:
-      mean = jnp.zeros(width, jnp.promote_types(dtype, jnp.float32))
-      self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(mean)})
+      self.input_mean_norm = nnx.data({'mean': nnx.BatchStat(
+          jnp.zeros(width, jnp.promote_types(dtype, jnp.float32)))})
     method_names = layout.names(kernel_names)
     for pname, spec in specs.items():
       if (hasattr(type(self), pname) and pname not in _WEIGHTS) or pname in vars(
@@ -491,59 +465,48 @@ class Reparam(nnx.Module):
   def __getattr__(self, name):
     """The wrapped layer's fields (`in_features`, `kernel_size`, `einsum_str`, ...)."""
     held = vars(self).get('held_layer') if not name.startswith('__') else None
-    if held is None or name.startswith('_pytree__') or name in _WEIGHTS:
-      raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
-    kind = kinds.of(held.layer)
-    if name in (kind.kernel, kind.bias):  # a kind of your own names them otherwise
-      return self._weight('kernel' if name == kind.kernel else 'bias')
-    try:
-      return getattr(held.layer, name)
-    except AttributeError:
-      raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}') from None
+    if held is not None and not name.startswith('_pytree__') and name not in _WEIGHTS:
+      kind = kinds.of(held.layer)
+      if name in (kind.kernel, kind.bias):  # a kind of your own names them otherwise
+        return self._weight('kernel' if name == kind.kernel else 'bias')
+      if hasattr(held.layer, name):
+        return getattr(held.layer, name)
+    raise AttributeError(f'{type(self).__name__!r} object has no attribute {name!r}')
 
   def __setattr__(self, name, value):
     if name in _WEIGHTS:  # past nnx's bookkeeping: an assignment converts (`_WeightAttribute`)
-      type(self).__dict__.get(name, Reparam.__dict__[name]).__set__(self, value)
+      Reparam.__dict__[name].__set__(self, value)
     else:
       super().__setattr__(name, value)
 
   # NNX's graph and pytree machinery sets attributes with object.__setattr__ / setattr: a method
   # variable named `kernel` or `bias` goes to `vars()`, past the class attributes.
   def _graph_node_set_key(self, key, value):
-    if key in _WEIGHTS:
-      current = vars(self).get(key)
-      if isinstance(current, nnx.Variable) and isinstance(value, nnx.Variable):
-        current.update_from_state(value)
-      else:
-        _put(self, key, value)
-    else:
+    current = vars(self).get(key)
+    if key not in _WEIGHTS:
       super()._graph_node_set_key(key, value)
+    elif isinstance(current, nnx.Variable) and isinstance(value, nnx.Variable):
+      current.update_from_state(value)
+    else:
+      _put(self, key, value)
 
   def _graph_node_pop_key(self, key):
-    if key in _WEIGHTS:
-      value = vars(self).pop(key)
-      nodes = self._pytree__nodes
-      if key in nodes:
-        object.__setattr__(self, '_pytree__nodes', type(nodes)(
-            {k: v for k, v in nodes.items() if k != key}, copy=False))
-      return value
-    return super()._graph_node_pop_key(key)
+    if key not in _WEIGHTS:
+      return super()._graph_node_pop_key(key)
+    nodes = self._pytree__nodes
+    object.__setattr__(self, '_pytree__nodes', type(nodes)(
+        {k: v for k, v in nodes.items() if k != key}, copy=False))
+    return vars(self).pop(key)
 
-  def _graph_node_init(self, attributes):
-    for name, value in attributes:
-      name = str(name)
-      if name in _WEIGHTS:
-        vars(self)[name] = value
-      else:
-        object.__setattr__(self, name, value)
+  def _graph_node_init(self, attributes):  # (the class has no other data descriptor)
+    vars(self).update((str(name), value) for name, value in attributes)
 
   @classmethod
   def _pytree__unflatten(cls, static, node_attrs):
     node_keys, static_keys, static_attrs = static
     obj = object.__new__(cls)
-    for name, value in itertools.chain(zip(node_keys, node_attrs, strict=True),
-                                       zip(static_keys, static_attrs, strict=True)):
-      vars(obj)[str(name)] = value
+    obj._graph_node_init([*zip(node_keys, node_attrs, strict=True),
+                          *zip(static_keys, static_attrs, strict=True)])
     return obj
 
   # ------------------------------------------------------------------- effective weights
@@ -633,14 +596,13 @@ class Reparam(nnx.Module):
     `nnx.Linear` call).
     """
     method = self.method
-    imn = method.imn
-    mode = _mode(self, use_running_average) if imn is not None else None
-    mean = self.input_mean_norm['mean'][...] if imn is not None else None
-    if imn is not None and not mode:
+    mode = _mode(self, use_running_average) if method.imn is not None else None
+    mean = self._mean()
+    if mode is False:
       run.check_examples(method, jnp.shape(inputs), type(self).__name__)
     params = self.params()
-    if imn is not None and mode and isinstance(next(iter(params.values())), jax.core.Tracer) and (
-        _gradient_traced(params)):
+    if mode and any(type(v).__name__ in ('JVPTracer', 'LinearizeTracer')  # under jax.grad
+                    for v in jax.tree.leaves(params)):
       warnings.warn(
           f'{type(self).__name__}: {method.name!r} is differentiated in evaluation mode '
           "(use_running_average=True), so IMN's running mean stays frozen and the batch is not "
@@ -649,12 +611,10 @@ class Reparam(nnx.Module):
           '(model.eval() after), or pass use_running_average=False. Filter this warning '
           '(warnings.filterwarnings) to train with IMN frozen on purpose.', UserWarning,
           stacklevel=2)
-    if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((inputs, params, mean))):
-      y, new_mean = self._pure(params, mean, inputs, mode, out_sharding)
-    else:
-      y, new_mean = _eager(self, self._signature(), params, mean, jnp.asarray(inputs), mode,
-                           out_sharding)
-    if imn is not None and not mode:
+    traced = any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((inputs, params, mean)))
+    pure = self._pure if traced else functools.partial(_eager, self, self._signature())
+    y, new_mean = pure(params, mean, jnp.asarray(inputs), mode, out_sharding)
+    if mode is False:
       self.input_mean_norm['mean'][...] = new_mean
     return y
 
@@ -665,7 +625,6 @@ class Reparam(nnx.Module):
 
   def _pure(self, params, mean, inputs, mode, out_sharding=None):
     """`(outputs, new running mean)` from the given variables (none read from `self`)."""
-    inputs = jnp.asarray(inputs)
     name = type(self).__name__
     need = exact.layout_of(self.layer, inputs.shape, (name,)).kernel_shape
     if tuple(need) != self.kernel_shape:
@@ -744,8 +703,7 @@ def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), f
   kind = kinds.of(layer)
   kernel, bias = (None if v is None else v[...] for v in _weights(layer, path))
   stack = exact.stack_of(jnp.shape(kernel), layout, path)
-  if inputs is None:
-    inputs = jnp.zeros(kind.example_shape(layer))
+  inputs = jnp.zeros(kind.example_shape(layer)) if inputs is None else inputs
   stored, mean = exact.convert_layer(method, layer, kernel, bias, inputs, path, fold, stack)
   first = (0,) * len(stack)
   if stack:  # one layer of the stack: what the module's fields and variables are made from
@@ -765,20 +723,15 @@ def converted(layer: nnx.Module, method: methods.Method, inputs=None, path=(), f
   return module
 
 
-def _checked(name: str, factory, options) -> methods.Method:
-  """`factory(**options)`; options it does not take raise a TypeError naming `name`."""
-  unknown = sorted(set(options) - set(methods.options_of(factory)))
-  if unknown:
-    raise TypeError(f'{name} takes the options {sorted(methods.options_of(factory))}; got unknown '
-                    f'{unknown}.')
-  return factory(**options)
-
-
 def _wrapper(name: str, factory) -> type:
   """The NNX wrapper class `name`: `Reparam(layer, factory(**options))` (`methods.WRAPPERS`)."""
 
   def __init__(self, layer, *, rngs=None, use_running_average=False, **options):
-    Reparam.__init__(self, layer, _checked(name, factory, options), rngs=rngs,
+    unknown = sorted(set(options) - set(methods.options_of(factory)))
+    if unknown:  # (the factory's own TypeError would not list the options)
+      raise TypeError(f'{name} takes the options {sorted(methods.options_of(factory))}; got '
+                      f'unknown {unknown}.')
+    Reparam.__init__(self, layer, factory(**options), rngs=rngs,
                      use_running_average=use_running_average)
 
   doc = (f'`Reparam(layer, method, *, rngs=None, use_running_average=False)` with the method '
