@@ -28,6 +28,7 @@ BatchNorm folding, IMN calibration and the exactness checks are the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+import functools
 from typing import Any
 
 from flax import nnx
@@ -43,6 +44,7 @@ from geoparam.selection import name as _name
 __all__ = ['DroppedBatchNorm', 'reparameterize', 'bake']
 
 Where = Callable[[nnx.Module, tuple[str, ...]], bool]
+_BN_FIELDS = ('epsilon', 'use_scale', 'use_bias', 'param_dtype')  # what bake rebuilds one with
 
 
 class DroppedBatchNorm(nnx.Module):
@@ -54,10 +56,8 @@ class DroppedBatchNorm(nnx.Module):
   """
 
   def __init__(self, bn: nnx.BatchNorm, producer: tuple[Any, ...]):
-    self.num_features = bn.num_features
-    self.epsilon = bn.epsilon
-    self.use_scale, self.use_bias = bn.use_scale, bn.use_bias
-    self.param_dtype = bn.param_dtype
+    for field in ('num_features',) + _BN_FIELDS:
+      setattr(self, field, getattr(bn, field))
     self.stats_dtype = bn.mean[...].dtype
     self.stack = tuple(bn.mean.shape[:-1])  # stacked by nnx.vmap
     self.producer = tuple(producer)
@@ -79,7 +79,6 @@ def _replace(nodes, path, new):
 
 
 _LOGS: dict[int, dict] = {}  # by a token: NNX transforms (nnx.scan) rebuild modules from copies
-_PROBES: dict[type, type] = {}
 
 
 def _probe_call(self, x, *args, **kwargs):
@@ -91,12 +90,11 @@ def _probe_call(self, x, *args, **kwargs):
   return y
 
 
+@functools.cache
 def _probe_class(cls: type) -> type:
   """`cls` with a recording `__call__` (a subclass, made once per class)."""
-  if cls not in _PROBES:
-    _PROBES[cls] = type(f'_Probe[{cls.__name__}]', (cls,), dict(
-        __call__=_probe_call, _probed=cls, __module__=__name__))
-  return _PROBES[cls]
+  return type(f'_Probe[{cls.__name__}]', (cls,), dict(__call__=_probe_call, _probed=cls,
+                                                        __module__=__name__))
 
 
 def _record(model, paths, example_args):
@@ -258,34 +256,30 @@ def bake(model: nnx.Module, *, approximate_borders: bool = False):
                     f'{hint}.')
   checks.flag('approximate_borders', approximate_borders, 'bake')
   nodes = dict(nnx.iter_graph(model))
-  if not any(isinstance(n, DroppedBatchNorm) or (isinstance(n, modules.Reparam) and
-                                                  not n.scale_outside) for n in nodes.values()):
+  producers = {n.producer for n in nodes.values() if isinstance(n, DroppedBatchNorm)}
+  plain, biases = {}, {}
+  for path, node in nodes.items():
+    if isinstance(node, modules.Reparam) and not node.scale_outside:
+      plain[path], bias = node.plain_layer(approximate_borders=approximate_borders,
+                                           carry_bias=path in producers, path=path)
+      if not node.layer_has_bias:
+        biases[path] = bias
+  for path, node in nodes.items():
+    if isinstance(node, DroppedBatchNorm):
+      bn = nnx.BatchNorm(node.num_features, **{f: getattr(node, f) for f in _BN_FIELDS},
+                         use_running_average=True, rngs=nnx.Rngs(0))
+      stats, affine = exact.identity_batchnorm(  # carrying the bias of a layer that has none
+          node.stack + (node.num_features,), node.epsilon, node.use_scale, node.use_bias,
+          node.stats_dtype, node.param_dtype, biases.pop(node.producer, 0.0), node.producer, path)
+      for name, value in {**stats, **affine}.items():
+        getattr(bn, name).set_value(value)
+      plain[path] = bn
+  if not plain:
     raise ValueError(
         f'geoparam.nnx.bake: {type(model).__name__} holds no reparameterized layer (and no '
         'dropped BatchNorm), so there is nothing to bake (paper-form layers such as GmPLinear '
         'have no plain form and stay). Pass the model that geoparam.nnx.reparameterize '
         'returned.')
-  producers = {n.producer for n in nodes.values() if isinstance(n, DroppedBatchNorm)}
-  plain, biases = {}, {}
-  for path, node in nodes.items():
-    if isinstance(node, modules.Reparam) and not node.scale_outside:
-      layer, bias = node.plain_layer(approximate_borders=approximate_borders,
-                                     carry_bias=path in producers, path=path)
-      plain[path] = layer
-      if not node.layer_has_bias:
-        biases[path] = bias
-  for path, node in nodes.items():
-    if isinstance(node, DroppedBatchNorm):
-      bn = nnx.BatchNorm(node.num_features, epsilon=node.epsilon, use_scale=node.use_scale,
-                         use_bias=node.use_bias, param_dtype=node.param_dtype,
-                         use_running_average=True, rngs=nnx.Rngs(0))
-      carried = biases.pop(node.producer, 0.0)  # the bias of a layer that has none
-      stats, affine = exact.identity_batchnorm(
-          node.stack + (node.num_features,), node.epsilon, node.use_scale, node.use_bias,
-          node.stats_dtype, node.param_dtype, carried, node.producer, path)
-      for name, value in {**stats, **affine}.items():
-        getattr(bn, name).set_value(value)
-      plain[path] = bn
   if () in plain:  # the model is one wrapper: its plain layer is the new model
     return plain[()]
   for path, new in plain.items():
