@@ -49,12 +49,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 import dataclasses
+import functools
 import inspect
+import operator
 import re
 from typing import Any
 
 import flax
 import flax.linen as nn
+from flax import traverse_util
 from flax.core import meta
 import jax
 import jax.numpy as jnp
@@ -428,36 +431,11 @@ def _dropped(rp, layers, norms):
   return pairs
 
 
-def _get(tree, path):
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _pop(tree, path):
-  """Removes the node at `path` (and parents left empty)."""
-  if len(path) == 1:
-    tree.pop(path[0], None)
-    return
-  if path[0] in tree:
-    _pop(tree[path[0]], path[1:])
-    if not tree[path[0]]:
-      del tree[path[0]]
-
-
-def _put(tree, path, value):
-  if not path:  # the model is the layer itself
-    tree.clear()
-    tree.update(value)
-    return
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
-def _unfrozen(variables):
-  """A mutable copy of `variables`, partitioning boxes (`nn.Partitioned`) kept."""
-  return jax.tree.map(lambda x: x, flax.core.unfreeze(variables))
+def _put(flat, prefix, node=None):
+  """`flat` (variables as `traverse_util.flatten_dict` gives them) with what it holds under
+  `prefix` replaced by `node` (a dict by name; None: removed)."""
+  kept = {k: v for k, v in flat.items() if k[:len(prefix)] != prefix}
+  return {**kept, **{prefix + (k,): v for k, v in (node or {}).items()}}
 
 
 def _like(abstract, value):
@@ -475,17 +453,15 @@ def _collections(variables) -> str:
 def _lookup(variables, collection: str, path):
   """`variables[collection][path...]`, or None where it is missing."""
   try:
-    return _get(variables[collection], path)
+    return functools.reduce(operator.getitem, path, variables[collection])
   except (KeyError, TypeError, IndexError):
     return None
 
 
 def _bn_affine(bn: nn.BatchNorm, variables, path):
   """`bn_affine` of a linen BatchNorm at `path` of `variables`."""
-  stats = meta.unbox(_get(variables['batch_stats'], path))
-  params = {}
-  if bn.use_scale or bn.use_bias:
-    params = meta.unbox(_get(variables.get('params', {}), path))
+  stats = meta.unbox(_lookup(variables, 'batch_stats', path))
+  params = meta.unbox(_lookup(variables, 'params', path))
   return exact.bn_affine(stats['mean'], stats['var'], bn.epsilon,
                    params['scale'] if bn.use_scale else None,
                    params['bias'] if bn.use_bias else None)
@@ -527,17 +503,14 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   _check_args('to_reparameterized', rp, variables)
   method = rp.get_method()
   layers, norms = _record(rp, variables, args, kwargs, abstract=False)
-  new = _unfrozen(variables)
-  new.setdefault('params', {})
+  new = traverse_util.flatten_dict(variables, keep_empty_nodes=True)
   folds = {}
   for layer_path, bn_path in _dropped(rp, layers, norms).items():
     folds[layer_path] = _bn_affine(norms[bn_path].layer, variables, bn_path)
-    for col in ('params', 'batch_stats'):
-      if col in new:
-        _pop(new[col], bn_path)
+    new = _put(_put(new, ('params',) + bn_path), ('batch_stats',) + bn_path)
   for path, call in layers.items():
     kind = kinds.of(call.layer)
-    sp = _get(variables['params'], path)
+    sp = _lookup(variables, 'params', path)
     kernel = meta.unbox(exact.kernel_of(kind, sp, path))
     bias = meta.unbox(sp[kind.bias]) if kind.bias in sp else None
     layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
@@ -549,13 +522,12 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
     box = None if not isinstance(box, nn.Partitioned) else dataclasses.replace(
         box, names=names[:n] + layout.names(names[n:n + len(layout.kernel_shape)]))  # as the
     # wrappers make them; fewer names than axes name the leading ones (a PartitionSpec's rule)
-    _put(new['params'], path, {k: wrappers.box_like(v, stack + layout.method_shape, box, n)
-                               for k, v in stored.items()})
+    new = _put(new, ('params',) + path, {
+        k: wrappers.box_like(v, stack + layout.method_shape, box, n) for k, v in stored.items()})
     if mean is not None:
-      _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
-  if variables.get('batch_stats') and not new.get('batch_stats', True):
-    del new['batch_stats']  # the dropped BatchNorms' statistics were all it held (as rp.init)
-  return new
+      new[('batch_stats',) + path + ('input_mean_norm', 'mean')] = mean
+  # a collection emptied (the dropped BatchNorms' statistics were all it held) goes, as in rp.init
+  return traverse_util.unflatten_dict(new)
 
 
 def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = False, **kwargs):
@@ -582,7 +554,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
   boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))
   shapes = meta.unbox(boxes)
   dropped = _dropped(rp, layers, norms)
-  new = _unfrozen(variables)
+  new = traverse_util.flatten_dict(variables, keep_empty_nodes=True)
   # what bake writes gets the plain model's partitioning boxes where the variables hold boxes
   is_box = lambda x: isinstance(x, nn.Partitioned)
   like = boxes if any(map(is_box, jax.tree.leaves(variables, is_leaf=is_box))) else shapes
@@ -593,7 +565,7 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
     layer = call.layer
     kind = kinds.of(layer)
     layout = exact.layout_of(layer, jnp.shape(call.inputs), path)
-    plain_kernel = exact.kernel_of(kind, _get(shapes['params'], path), path)
+    plain_kernel = exact.kernel_of(kind, _lookup(shapes, 'params', path), path)
     stack = exact.stack_of(plain_kernel.shape, layout, path)
     stored = _lookup(variables, 'params', path)
     specs = method.params(layout.method_shape, methods.Layer(use_bias=kind.has_bias(layer)),
@@ -621,31 +593,29 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
             f"bake: the variables lack IMN's running mean batch_stats/{_name(path)}/"
             f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
       mean = np.asarray(mean, np.float64)
-      _pop(new['batch_stats'], path + ('input_mean_norm',))
+      new = _put(new, ('batch_stats',) + path + ('input_mean_norm',))
     kernel, bias = exact.plain_layer(method, layer, meta.unbox(dict(stored)), layout, mean, path,
                                      approximate_borders, stack)
     dtype = plain_kernel.dtype
-    own = _get(like['params'], path)
+    own = _lookup(like, 'params', path)
     plain = {kind.kernel: _like(own[kind.kernel], jnp.asarray(kernel, dtype))}
     if kind.has_bias(layer):
       plain[kind.bias] = _like(own[kind.bias], jnp.asarray(bias, dtype))
     else:
       biases[path] = bias
-    _put(new['params'], path, plain)
+    new = _put(new, ('params',) + path, plain)
   for layer_path, bn_path in dropped.items():
     bn = norms[bn_path].layer
-    running = _get(shapes['batch_stats'], bn_path)['mean']
+    running = _lookup(shapes, 'batch_stats', bn_path + ('mean',))
     carried = biases.pop(layer_path, 0.0)  # the bias of a layer that has none
     stats, affine = exact.identity_batchnorm(running.shape, bn.epsilon, bn.use_scale,
                                              bn.use_bias, running.dtype, running.dtype, carried,
                                              layer_path, bn_path)
-    _put(new.setdefault('batch_stats', {}), bn_path, stats)
+    new = _put(new, ('batch_stats',) + bn_path, stats)
     if affine:
-      own = _get(like['params'], bn_path)
-      _put(new['params'], bn_path, {k: _like(own[k], v) for k, v in affine.items()})
-  if not new.get('batch_stats', True) and 'batch_stats' not in shapes:
-    del new['batch_stats']  # IMN's running means were all there was
+      own = _lookup(like, 'params', bn_path)
+      new = _put(new, ('params',) + bn_path, {k: _like(own[k], v) for k, v in affine.items()})
   for layer_path, bias in biases.items():
     if np.any(bias != 0):
       raise exact.bias_free_error(method, layer_path)
-  return new
+  return traverse_util.unflatten_dict(new)  # a collection emptied (IMN's means only) goes
