@@ -43,6 +43,7 @@ import numpy as np
 
 from geoparam import checks
 from geoparam.methods import gmp as gmp_method
+from geoparam.selection import name as _name
 
 __all__ = ['dense_to_gmp', 'gmp_to_dense', 'sp_to_gmp', 'gmp_to_sp', 'HOMOGENEOUS']
 
@@ -140,21 +141,11 @@ def _is_gmp(node):
   return isinstance(node, Mapping) and {'theta', 'lam', 'scale'} <= set(node)
 
 
-def _holds_layer(tree, is_layer) -> bool:
-  if is_layer(tree):
-    return True
-  if isinstance(tree, Mapping):
-    return any(_holds_layer(v, is_layer) for v in tree.values())
-  if isinstance(tree, (list, tuple)):
-    return any(_holds_layer(v, is_layer) for v in tree)
-  return False
-
-
-def _name(path) -> str:
-  return '/'.join(str(k) for k in path)
-
-
 def _walk(tree, path, is_layer, convert):
+  if not path and not isinstance(tree, Mapping):
+    raise TypeError(
+        'params must be a nested dict (Mapping) of layers (e.g. variables["params"]), got '
+        f'{type(tree).__name__}.')
   if is_layer(tree):
     try:
       return convert(path, tree)
@@ -164,19 +155,13 @@ def _walk(tree, path, is_layer, convert):
       raise ValueError(f'layer {_name(path)}: {e}') from e
   if isinstance(tree, Mapping):
     return {k: _walk(v, path + (k,), is_layer, convert) for k, v in tree.items()}
-  if isinstance(tree, (list, tuple)) and _holds_layer(tree, is_layer):
+  if isinstance(tree, (list, tuple)) and any(
+      map(is_layer, jax.tree.leaves(tree, is_leaf=is_layer))):
     raise TypeError(
         f'params must be a nested dict (Mapping) of layers; got a {type(tree).__name__} holding '
-        f'layers at {_name(path) or "the top level"}. Only dicts are walked: convert the '
+        f'layers at {_name(path)}. Only dicts are walked: convert the '
         'elements one by one, or key the layers by name in a dict.')
   return tree
-
-
-def _check_tree(params):
-  if not isinstance(params, Mapping):
-    raise TypeError(
-        'params must be a nested dict (Mapping) of layers (e.g. variables["params"]), got '
-        f'{type(params).__name__}.')
 
 
 def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: True,
@@ -195,8 +180,6 @@ def sp_to_gmp(params, select: Callable[[tuple[str, ...]], bool] = lambda path: T
   checks.function('select', select, "a callable taking a layer path tuple (e.g. lambda path: "
                   "path[0] != 'out') and returning a bool")
   _check_activation(activation)
-  _check_tree(params)
-
   found, converted = [], []
 
   def convert(path, layer):
@@ -229,7 +212,6 @@ def gmp_to_sp(params, like=None, activation: str | None = 'relu'):
     activation: the activation that follows the GmP layers (see `dense_to_gmp`).
   """
   _check_activation(activation)
-  _check_tree(params)
   if like is not None and not isinstance(like, Mapping):
     raise TypeError(f'like must be a nested dict (Mapping) or None, got {type(like).__name__}.')
 
@@ -245,9 +227,7 @@ def gmp_to_sp(params, like=None, activation: str | None = 'relu'):
     if like is not None:
       node = like
       for key in path:
-        if not isinstance(node, Mapping) or key not in node:
-          raise ValueError(f'`like` has no layer at {_name(path)}.')
-        node = node[key]
+        node = node.get(key) if isinstance(node, Mapping) else None
       if not _is_sp(node):
         raise ValueError(f'`like` has no SP kernel at {_name(path)} (got {node!r:.80}).')
       shape = tuple(node['kernel'].shape)

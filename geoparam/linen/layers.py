@@ -220,14 +220,10 @@ class PReLU(nn.Module):
     """Applies PReLU elementwise; `inputs` has shape `(..., C)`."""
     checks.real('negative_slope_init', self.negative_slope_init, owner='PReLU')
     checks.flag('channel_shared', self.channel_shared, 'PReLU')
-    if self.channel_shared:
-      shape = ()
-    else:
-      if jnp.ndim(inputs) < 1:
-        raise ValueError(
-            'PReLU with channel_shared=False needs inputs with a channel (last) axis, '
-            f'got shape {jnp.shape(inputs)}.')
-      shape = (jnp.shape(inputs)[-1],)
+    if not self.channel_shared and jnp.ndim(inputs) < 1:
+      raise ValueError('PReLU with channel_shared=False needs inputs with a channel (last) axis, '
+                       f'got shape {jnp.shape(inputs)}.')
+    shape = () if self.channel_shared else (jnp.shape(inputs)[-1],)
     slope = self.param(
         'negative_slope', nn.initializers.constant(self.negative_slope_init), shape,
         self.param_dtype)
@@ -274,9 +270,8 @@ class StandardizationLayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, use_running_average: bool | None = None) -> Array:
     """Standardizes `x` per feature; `use_running_average` overrides the field."""
-    use_running_average = nn.merge_param(
-        'use_running_average', self.use_running_average, use_running_average)
-    return nn.BatchNorm(
-        use_running_average=use_running_average, axis=self.axis, momentum=self.momentum,
+    return nn.BatchNorm(  # which merges the field and the argument
+        use_running_average=self.use_running_average, axis=self.axis, momentum=self.momentum,
         epsilon=self.epsilon, dtype=self.dtype, param_dtype=self.param_dtype,
-        use_bias=False, use_scale=False, axis_name=self.axis_name, name='norm')(x)
+        use_bias=False, use_scale=False, axis_name=self.axis_name, name='norm')(
+            x, use_running_average)

@@ -49,18 +49,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 import dataclasses
+import functools
 import inspect
+import operator
 import re
 from typing import Any
 
 import flax
 import flax.linen as nn
+from flax import traverse_util
 from flax.core import meta
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from geoparam import checks
+from geoparam import conv
 from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
@@ -191,7 +195,7 @@ class Reparameterized(nn.Module):
       layer = context.module
       if pending and layer is pending[-1][0]:  # called below only to create its bias term
         return pending.pop()[1]()
-      if (wrappers.bypassed() or context.method_name != '__call__'
+      if (conv.bypassed() or context.method_name != '__call__'
           or not _in_model(layer, self)):
         return next_fun(*args, **kwargs)
       path = tuple(layer.path[prefix:])
@@ -232,7 +236,7 @@ class Reparameterized(nn.Module):
         out = method_name(self.module, *args, **kwargs)
     if method_name in ('__call__', getattr(type(self.module), '__call__')):
       _check(self, seen, chosen)  # other methods may run a part of the model
-    if method.imn is not None and imn_frozen and not self.is_initializing():
+    if method.imn is not None and imn_frozen and modes and not self.is_initializing():
       _check_imn_mode(self, imn_frozen[0], modes)
     return out
 
@@ -244,36 +248,31 @@ def _in_model(layer: nn.Module, model: nn.Module) -> bool:
   return layer.scope is model.scope or len(layer.path) > len(model.path)
 
 
+_FLAGS = {nn.BatchNorm: 'use_running_average', nn.Dropout: 'deterministic'}  # False: training
+
+
 def _training_flag(layer: nn.Module, args, kwargs):
-  """`(layer kind, flag, value, training)` of a BatchNorm or Dropout call, else None.
+  """`(layer kind, flag, value)` of a BatchNorm or Dropout call, else None.
 
   The model's own train/eval switch as the layer computes it (its call argument, else its
   field): BatchNorm's `use_running_average` (False: training), Dropout's `deterministic`
   (False: training; True says nothing, dropout may be off while training). None where unset.
   """
-  if isinstance(layer, nn.BatchNorm):
-    kind, flag = 'BatchNorm', 'use_running_average'
-  elif isinstance(layer, nn.Dropout):
-    kind, flag = 'Dropout', 'deterministic'
-  else:
-    return None
-  value = args[1] if len(args) > 1 else kwargs.get(flag)
-  value = getattr(layer, flag) if value is None else value
-  if value is None or isinstance(value, jax.core.Tracer):
-    return None
-  training = not bool(value)
-  if kind == 'Dropout' and not training:
-    return None
-  return kind, flag, bool(value), training
+  for kind, flag in _FLAGS.items():
+    if isinstance(layer, kind):
+      value = args[1] if len(args) > 1 else kwargs.get(flag)
+      value = getattr(layer, flag) if value is None else value
+      if value is None or isinstance(value, jax.core.Tracer) or (kind is nn.Dropout and value):
+        return None
+      return kind.__name__, flag, bool(value)
+  return None
 
 
 def _check_imn_mode(rp: Reparameterized, frozen: bool, modes) -> None:
   """Raises where IMN's mode (by `batch_stats` mutability) contradicts the model's own flags."""
-  if not modes:
-    return
   model, method = type(rp.module).__name__, rp.get_method().name
-  shown = lambda rows: ', '.join(f'{k} {_name(p)} with {f}={v}' for p, k, f, v, _ in rows[:3])
-  training = [m for m in modes if m[-1]]
+  shown = lambda rows: ', '.join(f'{k} {_name(p)} with {f}={v}' for p, k, f, v in rows[:3])
+  training = [m for m in modes if not m[-1]]
   if frozen and training:
     raise ValueError(
         f'reparameterize({model}, {method!r}): the model runs in training mode '
@@ -365,11 +364,13 @@ class _Call:
   output: Any
 
 
-def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
-  """Runs the plain model once; returns `(layers, norms)`: selected calls by path, first call each.
+def _record(rp: Reparameterized, variables, args, kwargs):
+  """Runs the plain model once; returns `(layers, dropped, out)`: selected calls by path, first
+  call each, the dropped BatchNorms (`_dropped`) and what the model returned.
 
-  `layers` are the selected calls of a layer kind (`geoparam.kinds`), `norms` every BatchNorm
-  call (path -> _Call). With `abstract`, only shapes are traced (`jax.eval_shape`).
+  `layers` are the selected calls of a layer kind (`geoparam.kinds`) (path -> _Call). With
+  `variables` None, only shapes are traced (`jax.eval_shape` of the plain model's `init`, whose
+  abstract variables, boxed, are `out`).
   """
   layers, norms, seen, roots = {}, {}, [], []
 
@@ -378,86 +379,64 @@ def _record(rp: Reparameterized, variables, args, kwargs, *, abstract: bool):
     if not roots:
       roots.append(m)  # the model: the outermost call's module
     y = next_fun(*a, **k)
-    if (context.method_name == '__call__' and not wrappers.bypassed()
+    if (context.method_name == '__call__' and not conv.bypassed()
         and _in_model(m, roots[0])):
       path = tuple(m.path)
       kind = _candidate(rp, m, path, seen)
-      if isinstance(m, nn.BatchNorm):
-        norms.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
-      elif kind is not None and selected(rp, m, path):
-        layers.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
+      calls = norms if isinstance(m, nn.BatchNorm) and rp.drop_batchnorm else layers
+      if (kind is not None or calls is norms) and selected(rp, m, path):
+        calls.setdefault(path, _Call(m.clone(parent=None), _inputs(a, k), y))
     return y
 
-  def run(v):
+  try:
     with nn.intercept_methods(intercept):
       if variables is None:
-        return rp.module.init(jax.random.key(0), *args, **kwargs)
-      return rp.module.apply(v, *args, **kwargs)
-
-  try:
-    if abstract:
-      jax.eval_shape(run, variables)
-    else:
-      run(variables)
+        out = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))
+      else:
+        out = rp.module.apply(variables, *args, **kwargs)
   except (flax.errors.ScopeParamNotFoundError, flax.errors.ScopeCollectionNotFound,
           flax.errors.ScopeVariableNotFoundError, flax.errors.ScopeParamShapeError) as e:
     raise ValueError(
         f'to_reparameterized: the variables do not fit the plain model {type(rp.module).__name__} '
-        f'(they have {_collections(variables)}): {str(e).split(" (https")[0]} Pass the plain '
-        "model's variables (model.init's or training's, with their params and batch_stats), not "
-        "rp's.") from None
+        f'(they have collections {sorted(variables)}): {str(e).split(" (https")[0]} Pass the '
+        "plain model's variables (model.init's or training's, with their params and batch_stats), "
+        "not rp's.") from None
   except flax.errors.ModifyScopeVariableError as e:
     raise ValueError(
         f'to_reparameterized: the plain model updates its statistics on these inputs '
         f'({str(e).split(" (https")[0]}): give evaluation-mode arguments, e.g. train=False.'
         ) from None
   _check(rp, seen, list(layers))
-  return layers, norms
+  return layers, _dropped(layers, norms), out
 
 
-def _dropped(rp, layers, norms):
-  """`{layer path: BatchNorm path}` for each dropped BatchNorm, fed by that layer's output."""
+def _dropped(layers, norms):
+  """`{layer path: (BatchNorm path, BatchNorm)}` for each dropped BatchNorm (`norms`: their calls
+  by path), fed by that layer's output."""
   outputs = {p: c.output for p, c in layers.items()}
   layout_of = lambda p: exact.layout_of(layers[p].layer, jnp.shape(layers[p].inputs), p)
   pairs = {}
   for bn_path, call in norms.items():
-    if rp.drop_batchnorm and selected(rp, call.layer, bn_path):
-      x, axis = call.inputs, call.layer.axis
-      pairs[exact.fed_layer(bn_path, x, outputs, layout_of, axis, tuple(
-          jnp.shape(x)[a] for a in kinds.ints(axis)))] = bn_path
+    x, axis = call.inputs, call.layer.axis
+    pairs[exact.fed_layer(bn_path, x, outputs, layout_of, axis, tuple(
+        jnp.shape(x)[a] for a in kinds.ints(axis)))] = bn_path, call.layer
   return pairs
 
 
-def _get(tree, path):
-  for key in path:
-    tree = tree[key]
-  return tree
+def _layer(call: _Call, params, path):
+  """`(kind, kernel, layout, stack)` of a recorded layer: its kernel from `params` (its variables
+  by name), unboxed, its layout on its inputs and the axes a lifted transform stacked it on."""
+  kind = kinds.of(call.layer)
+  kernel = meta.unbox(exact.kernel_of(kind, params, path))
+  layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
+  return kind, kernel, layout, exact.stack_of(jnp.shape(kernel), layout, path)
 
 
-def _pop(tree, path):
-  """Removes the node at `path` (and parents left empty)."""
-  if len(path) == 1:
-    tree.pop(path[0], None)
-    return
-  if path[0] in tree:
-    _pop(tree[path[0]], path[1:])
-    if not tree[path[0]]:
-      del tree[path[0]]
-
-
-def _put(tree, path, value):
-  if not path:  # the model is the layer itself
-    tree.clear()
-    tree.update(value)
-    return
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
-def _unfrozen(variables):
-  """A mutable copy of `variables`, partitioning boxes (`nn.Partitioned`) kept."""
-  return jax.tree.map(lambda x: x, flax.core.unfreeze(variables))
+def _put(flat, prefix, node=None):
+  """`flat` (variables as `traverse_util.flatten_dict` gives them) with what it holds under
+  `prefix` replaced by `node` (a dict by name; None: removed)."""
+  kept = {k: v for k, v in flat.items() if k[:len(prefix)] != prefix}
+  return {**kept, **{prefix + (k,): v for k, v in (node or {}).items()}}
 
 
 def _like(abstract, value):
@@ -465,30 +444,12 @@ def _like(abstract, value):
   return abstract.replace_boxed(value) if isinstance(abstract, meta.AxisMetadata) else value
 
 
-def _collections(variables) -> str:
-  """The collections `variables` hold, for messages."""
-  if isinstance(variables, Mapping):
-    return f'collections {sorted(variables)}'
-  return f'a {type(variables).__name__}'
-
-
 def _lookup(variables, collection: str, path):
   """`variables[collection][path...]`, or None where it is missing."""
   try:
-    return _get(variables[collection], path)
+    return functools.reduce(operator.getitem, path, variables[collection])
   except (KeyError, TypeError, IndexError):
     return None
-
-
-def _bn_affine(bn: nn.BatchNorm, variables, path):
-  """`bn_affine` of a linen BatchNorm at `path` of `variables`."""
-  stats = meta.unbox(_get(variables['batch_stats'], path))
-  params = {}
-  if bn.use_scale or bn.use_bias:
-    params = meta.unbox(_get(variables.get('params', {}), path))
-  return exact.bn_affine(stats['mean'], stats['var'], bn.epsilon,
-                   params['scale'] if bn.use_scale else None,
-                   params['bias'] if bn.use_bias else None)
 
 
 def _check_args(fn: str, rp, variables) -> None:
@@ -526,22 +487,20 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
   """
   _check_args('to_reparameterized', rp, variables)
   method = rp.get_method()
-  layers, norms = _record(rp, variables, args, kwargs, abstract=False)
-  new = _unfrozen(variables)
-  new.setdefault('params', {})
+  layers, dropped, _ = _record(rp, variables, args, kwargs)
+  new = traverse_util.flatten_dict(variables, keep_empty_nodes=True)
   folds = {}
-  for layer_path, bn_path in _dropped(rp, layers, norms).items():
-    folds[layer_path] = _bn_affine(norms[bn_path].layer, variables, bn_path)
-    for col in ('params', 'batch_stats'):
-      if col in new:
-        _pop(new[col], bn_path)
+  for layer_path, (bn_path, bn) in dropped.items():  # folded into the layer that feeds it
+    stats = meta.unbox(_lookup(variables, 'batch_stats', bn_path))
+    params = meta.unbox(_lookup(variables, 'params', bn_path))
+    folds[layer_path] = exact.bn_affine(stats['mean'], stats['var'], bn.epsilon,
+                                        params['scale'] if bn.use_scale else None,
+                                        params['bias'] if bn.use_bias else None)
+    new = _put(_put(new, ('params',) + bn_path), ('batch_stats',) + bn_path)
   for path, call in layers.items():
-    kind = kinds.of(call.layer)
-    sp = _get(variables['params'], path)
-    kernel = meta.unbox(exact.kernel_of(kind, sp, path))
+    sp = _lookup(variables, 'params', path)
+    kind, kernel, layout, stack = _layer(call, sp, path)
     bias = meta.unbox(sp[kind.bias]) if kind.bias in sp else None
-    layout = exact.layout_of(call.layer, jnp.shape(call.inputs), path)
-    stack = exact.stack_of(jnp.shape(kernel), layout, path)
     stored, mean = exact.convert_layer(method, call.layer, kernel, bias, call.inputs, path,
                                        folds.get(path), stack)
     box, n = sp[kind.kernel], len(stack)
@@ -549,13 +508,12 @@ def to_reparameterized(rp: Reparameterized, variables, *args, **kwargs):
     box = None if not isinstance(box, nn.Partitioned) else dataclasses.replace(
         box, names=names[:n] + layout.names(names[n:n + len(layout.kernel_shape)]))  # as the
     # wrappers make them; fewer names than axes name the leading ones (a PartitionSpec's rule)
-    _put(new['params'], path, {k: wrappers.box_like(v, stack + layout.method_shape, box, n)
-                               for k, v in stored.items()})
+    new = _put(new, ('params',) + path, {
+        k: wrappers.box_like(v, stack + layout.method_shape, box, n) for k, v in stored.items()})
     if mean is not None:
-      _put(new.setdefault('batch_stats', {}), path + ('input_mean_norm',), {'mean': mean})
-  if variables.get('batch_stats') and not new.get('batch_stats', True):
-    del new['batch_stats']  # the dropped BatchNorms' statistics were all it held (as rp.init)
-  return new
+      new[('batch_stats',) + path + ('input_mean_norm', 'mean')] = mean
+  # a collection emptied (the dropped BatchNorms' statistics were all it held) goes, as in rp.init
+  return traverse_util.unflatten_dict(new)
 
 
 def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = False, **kwargs):
@@ -578,23 +536,18 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
                     'it converts concrete weights exactly, in float64 on the host; call it '
                     'outside the transformation, on the variables it returns.')
   method = rp.get_method()
-  layers, norms = _record(rp, None, args, kwargs, abstract=True)
-  boxes = jax.eval_shape(lambda: rp.module.init(jax.random.key(0), *args, **kwargs))
+  layers, dropped, boxes = _record(rp, None, args, kwargs)
   shapes = meta.unbox(boxes)
-  dropped = _dropped(rp, layers, norms)
-  new = _unfrozen(variables)
+  new = traverse_util.flatten_dict(variables, keep_empty_nodes=True)
   # what bake writes gets the plain model's partitioning boxes where the variables hold boxes
   is_box = lambda x: isinstance(x, nn.Partitioned)
   like = boxes if any(map(is_box, jax.tree.leaves(variables, is_leaf=is_box))) else shapes
   biases = {}  # layers without a bias of their own: their bias goes to the dropped BatchNorm
   given = ("pass the variables to_reparameterized or training returned, with their params and "
-           f"batch_stats (these have {_collections(variables)})")
+           f"batch_stats (these have collections {sorted(variables)})")
   for path, call in layers.items():
     layer = call.layer
-    kind = kinds.of(layer)
-    layout = exact.layout_of(layer, jnp.shape(call.inputs), path)
-    plain_kernel = exact.kernel_of(kind, _get(shapes['params'], path), path)
-    stack = exact.stack_of(plain_kernel.shape, layout, path)
+    kind, plain_kernel, layout, stack = _layer(call, _lookup(shapes, 'params', path), path)
     stored = _lookup(variables, 'params', path)
     specs = method.params(layout.method_shape, methods.Layer(use_bias=kind.has_bias(layer)),
                           lambda: None)
@@ -621,31 +574,26 @@ def bake(rp: Reparameterized, variables, *args, approximate_borders: bool = Fals
             f"bake: the variables lack IMN's running mean batch_stats/{_name(path)}/"
             f'input_mean_norm/mean for layer {_name(path)} ({method.name!r} has IMN): {given}.')
       mean = np.asarray(mean, np.float64)
-      _pop(new['batch_stats'], path + ('input_mean_norm',))
+      new = _put(new, ('batch_stats',) + path + ('input_mean_norm',))
     kernel, bias = exact.plain_layer(method, layer, meta.unbox(dict(stored)), layout, mean, path,
                                      approximate_borders, stack)
-    dtype = plain_kernel.dtype
-    own = _get(like['params'], path)
-    plain = {kind.kernel: _like(own[kind.kernel], jnp.asarray(kernel, dtype))}
+    own = _lookup(like, 'params', path)
+    plain = {kind.kernel: _like(own[kind.kernel], jnp.asarray(kernel, plain_kernel.dtype))}
     if kind.has_bias(layer):
-      plain[kind.bias] = _like(own[kind.bias], jnp.asarray(bias, dtype))
+      plain[kind.bias] = _like(own[kind.bias], jnp.asarray(bias, plain_kernel.dtype))
     else:
       biases[path] = bias
-    _put(new['params'], path, plain)
-  for layer_path, bn_path in dropped.items():
-    bn = norms[bn_path].layer
-    running = _get(shapes['batch_stats'], bn_path)['mean']
+    new = _put(new, ('params',) + path, plain)
+  for layer_path, (bn_path, bn) in dropped.items():
+    running = _lookup(shapes, 'batch_stats', bn_path + ('mean',))
     carried = biases.pop(layer_path, 0.0)  # the bias of a layer that has none
     stats, affine = exact.identity_batchnorm(running.shape, bn.epsilon, bn.use_scale,
                                              bn.use_bias, running.dtype, running.dtype, carried,
                                              layer_path, bn_path)
-    _put(new.setdefault('batch_stats', {}), bn_path, stats)
-    if affine:
-      own = _get(like['params'], bn_path)
-      _put(new['params'], bn_path, {k: _like(own[k], v) for k, v in affine.items()})
-  if not new.get('batch_stats', True) and 'batch_stats' not in shapes:
-    del new['batch_stats']  # IMN's running means were all there was
+    own = _lookup(like, 'params', bn_path)  # None where the BatchNorm has no scale and bias
+    new = _put(_put(new, ('batch_stats',) + bn_path, stats), ('params',) + bn_path,
+               {k: _like(own[k], v) for k, v in affine.items()})
   for layer_path, bias in biases.items():
     if np.any(bias != 0):
       raise exact.bias_free_error(method, layer_path)
-  return new
+  return traverse_util.unflatten_dict(new)  # a collection emptied (IMN's means only) goes

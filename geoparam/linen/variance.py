@@ -17,11 +17,10 @@ The framework-neutral part (`activation_variance_factors`, `activation_shift`,
 
 from __future__ import annotations
 
-import functools
-import operator
 from typing import Any, Callable, Mapping
 
 import flax
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -84,9 +83,7 @@ def _intercepting_apply(model, variables, inputs, counts, on_output, method, app
 
   with nn.intercept_methods(interceptor):
     out = model.apply(variables, inputs, method=method, **apply_kwargs)
-  if isinstance(out, tuple) and len(out) == 2 and apply_kwargs.get('mutable'):
-    out = out[0]  # drop updated collections (batch_stats) of a train-mode call
-  return out
+  return out[0] if apply_kwargs.get('mutable') else out  # not the updated collections
 
 
 def data_dependent_init(
@@ -163,16 +160,15 @@ def data_dependent_init(
     return factors
 
   factors = jax.jit(factors_of)(variables, inputs)
+  params = traverse_util.flatten_dict(variables['params'], keep_empty_nodes=True)
   for path, c in factors.items():
     if not np.isfinite(float(c)):
       raise ValueError(
           f'data_dependent_init: layer {"/".join(path)} has zero (or non-finite) output '
           'variance on the batch; cannot rescale it.')
-  params = flax.core.unfreeze(variables['params'])
-  for path, c in factors.items():
-    node = functools.reduce(operator.getitem, path, params)
-    node[names[path]] = (node[names[path]] * c).astype(node[names[path]].dtype)
-  return {**flax.core.unfreeze(variables), 'params': params}
+    key = path + (names[path],)
+    params[key] = (params[key] * c).astype(params[key].dtype)
+  return {**flax.core.unfreeze(variables), 'params': traverse_util.unflatten_dict(params)}
 
 
 def variance_analysis(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -121,25 +122,16 @@ def _run_dense(layer: nn.Dense, kernel, bias, inputs):
   return y if bias is None else y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
 
 
-def bypassed() -> bool:
-  """True while `run_layer` runs a layer (whole-model interceptors must pass it through)."""
-  return conv.bypassed()
-
-
-def _probe(layer, kernel_size, taps):
-  """`conv.tap_mask`'s probe for a linen `nn.Conv`."""
-  # kernel_init: flax checks a given param's shape against its initializer's.
-  probe = layer.clone(parent=None, name=None, features=taps, kernel_size=kernel_size,
-                      feature_group_count=1, use_bias=False, mask=None, dtype=jnp.float32,
-                      param_dtype=jnp.float32, precision=lax.Precision.HIGHEST,
-                      kernel_init=nn.initializers.zeros)
-  return lambda kernel, ones: probe.apply({'params': {'kernel': kernel}}, ones)
-
-
 def tap_mask(layer: nn.Conv, spatial_in) -> np.ndarray:
-  """`geoparam.conv.tap_mask` of a linen conv."""
+  """`geoparam.conv.tap_mask` of a linen conv (its probe: the conv with one output per tap)."""
   kernel_size = kinds.ints(layer.kernel_size)
-  return conv.tap_mask(layer, spatial_in, _probe(layer, kernel_size, math.prod(kernel_size)))
+  # kernel_init: flax checks a given param's shape against its initializer's.
+  probe = layer.clone(parent=None, name=None, features=math.prod(kernel_size),
+                      kernel_size=kernel_size, feature_group_count=1, use_bias=False, mask=None,
+                      dtype=jnp.float32, param_dtype=jnp.float32,
+                      precision=lax.Precision.HIGHEST, kernel_init=nn.initializers.zeros)
+  return conv.tap_mask(layer, spatial_in, lambda kernel, ones: probe.apply(
+      {'params': {'kernel': kernel}}, ones))
 
 
 # ----------------------------------------------------------------------------- variables
@@ -180,19 +172,17 @@ def _get_or_create(holder: nn.Module, name: str, param: methods.Param, dtype, ma
   shape itself, with an error naming the module, and builds the initializer only
   when the param is created.
   """
-  shape = tuple(param.shape)
-  if holder.has_variable('params', name):
+  shape, given = tuple(param.shape), holder.has_variable('params', name)
+  if given:
     value = meta.unbox(holder.get_variable('params', name))
-    if jnp.shape(value) != shape:
-      raise ValueError(
-          f'{type(holder).__name__} {"/".join(holder.path) or holder.name or ""}: the inputs '
-          f'need param {name!r} of shape {shape}, but the given params have '
-          f'{jnp.shape(value)} (the fan_in or the features differ).')
-    return value
-  value = meta.unbox(holder.param(name, make_init(), shape, dtype))
+  else:
+    value = meta.unbox(holder.param(name, make_init(), shape, dtype))
   if jnp.shape(value) != shape:
-    raise ValueError(f'{type(holder).__name__} {holder.name or ""}: {name} must have shape '
-                     f'{shape}, got {jnp.shape(value)} from its initializer.')
+    raise ValueError(
+        f'{type(holder).__name__} {"/".join(holder.path) or holder.name or ""}: {name} must have '
+        f'shape {shape} for these inputs, got {jnp.shape(value)} ' + (
+            'in the given params (the fan_in or the features differ).' if given else
+            'from its initializer.'))
   return value
 
 
@@ -226,46 +216,31 @@ def layer_ops(layer: nn.Module, layout: kinds.Layout, ndim: int, imn: bool) -> r
       layer, kernel, bias, x), lambda spatial: tap_mask(layer, spatial), layout, ndim, imn)
 
 
-def _holds_bias(holder: nn.Module, method: methods.Method, kernel_shape) -> bool:
-  """Whether `holder`'s variables hold the method's bias term (see `call`)."""
-  names = methods.base.bias_names(method, kernel_shape)
-  return bool(names) and all(holder.has_variable('params', n) for n in names)
-
-
 def _variables(holder: nn.Module, method: methods.Method, layer: nn.Module,
                layout: kinds.Layout, use_bias: bool, ops):
-  """`create_params` with the layer's own initializers (noting its kernel's partitioning, its
-  names relabelled to the method's layout)."""
+  """`create_params` with the layer's own initializers (a partitioning box they give relabelled
+  to the method's layout; the kernel's boxes every variable, except where `ops` runs the
+  layer)."""
   dtype = getattr(layer, 'param_dtype', jnp.float32)
-  kernel_shape = layout.method_shape
-  boxes = [] if ops is None else [None]
-
-  def relabel(value):  # a box of the layer's layout in the method's
-    box = _box_of(value)
-    return value if box is None else dataclasses.replace(
-        box, names=layout.names(box.names))
-
   own = methods.Layer()  # a layer without initializer fields gets Flax's defaults
-  own_kernel_init = getattr(layer, 'kernel_init', own.kernel_init)
-  own_bias_init = getattr(layer, 'bias_init', own.bias_init)
 
-  def kernel_init(key, shape, dtype=jnp.float32):  # the layer's own, noting its metadata
-    value = relabel(own_kernel_init(key, shape, dtype))
-    if not boxes:
-      boxes.append(_box_of(value))
-    return value
+  def relabelled(init):  # the layer's own initializer, a box of its layout put in the method's
+    def draw(key, shape, dtype=jnp.float32):
+      value = init(key, shape, dtype)
+      box = _box_of(value)
+      return value if box is None else dataclasses.replace(box, names=layout.names(box.names))
+    return draw
 
-  def bias_init(key, shape, dtype=jnp.float32):
-    return relabel(own_bias_init(key, shape, dtype))
+  kernel_init = relabelled(getattr(layer, 'kernel_init', own.kernel_init))
 
-  def box():  # the kernel's partitioning metadata (traced only if no variable drew a kernel)
-    if not boxes:
-      boxes.append(_box_of(relabel(jax.eval_shape(
-          lambda k: own_kernel_init(k, kernel_shape, dtype), jax.random.key(0)))))
-    return boxes[0]
+  @functools.cache
+  def box():  # the kernel's partitioning metadata (traced once, only while creating)
+    return None if ops is not None else _box_of(jax.eval_shape(
+        lambda k: kernel_init(k, layout.method_shape, dtype), jax.random.key(0)))
 
-  layer_init = methods.Layer(kernel_init, bias_init, use_bias)
-  return create_params(holder, method, kernel_shape, layer_init, dtype, box)
+  layer_init = methods.Layer(kernel_init, relabelled(getattr(layer, 'bias_init', own.bias_init)),
+                             use_bias)
+  return create_params(holder, method, layout.method_shape, layer_init, dtype, box)
 
 
 def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
@@ -288,7 +263,9 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   layout = layout_of(layer, inputs.shape, name)
   kernel_shape = layout.method_shape
   methods.base.check_fan_in(method, kernel_shape, name)
-  use_bias = kinds.of(layer).has_bias(layer) or _holds_bias(holder, method, kernel_shape)
+  bias_names = methods.base.bias_names(method, kernel_shape)  # the method's bias term, if held
+  use_bias = kinds.of(layer).has_bias(layer) or bool(bias_names) and all(
+      holder.has_variable('params', n) for n in bias_names)
   if method.imn is not None and ops is None:
     try:
       kinds.of(layer).imn_axes(layer, inputs.ndim)
@@ -313,8 +290,7 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   if holder.is_mutable_collection('intermediates'):  # capture_intermediates=True, or asked for
     _sow_weights(holder, method, params, layout, compute)
   try:
-    return run.forward(method, params, ops, inputs,
-                       kernel_shape, input_mean, compute)
+    return run.forward(method, params, ops, inputs, kernel_shape, input_mean, compute)
   except flax.errors.ScopeCollectionNotFound as e:
     if method.imn is None:
       raise
@@ -410,24 +386,25 @@ class Reparam(_Wrapper):
   _FACTORY = staticmethod(methods.get)
 
 
-def _fields(factory, **extra) -> dict:
-  """A class namespace declaring `factory`'s options (and `extra`) as linen fields, defaults kept,
-  and the factory that builds the method from them."""
-  fields = {**methods.options_of(factory), **extra}
-  return {'__annotations__': dict.fromkeys(fields, Any), **fields, '__module__': __name__,
-          '_FACTORY': staticmethod(factory)}
+def _class(name: str, bases: tuple, factory, doc: str, module: str = __name__, fields=None,
+           **extra) -> type:
+  """The linen class `name` (of `module`, docstring `doc`): `bases` with `fields` (annotations),
+  then `factory`'s options (and `extra`) as fields, defaults kept, and the factory that builds the
+  method from them (`_FACTORY`)."""
+  options = {**methods.options_of(factory), **extra}
+  return type(name, bases, {'__annotations__': {**(fields or {}), **dict.fromkeys(options, Any)},
+                            **options, '__module__': module, '__qualname__': name, '__doc__': doc,
+                            '_FACTORY': staticmethod(factory)})
 
 
 def _wrapper(name: str, factory) -> type:
   """The wrapper class `name`: `Reparam` with `factory`'s method, its options as fields."""
-  namespace = _fields(factory, use_running_average=None)
-  namespace['__annotations__'] = {'layer': nn.Module, **namespace['__annotations__']}
-  namespace['__doc__'] = (
+  return _class(name, (_Wrapper,), factory, (
       f'`Reparam(layer, method)` with the method `{factory.__module__}.{factory.__name__}(...)` '
       f'builds from the fields: {", ".join(methods.options_of(factory)) or "none"}; and '
       '`use_running_average` (IMN\'s switch, as `nn.BatchNorm`). Any layer kind '
-      f'(`geoparam.kinds`); variables at the wrapper\'s path.')
-  return type(name, (_Wrapper,), {'__qualname__': name, **namespace})
+      f'(`geoparam.kinds`); variables at the wrapper\'s path.'), fields={'layer': nn.Module},
+                use_running_average=None)
 
 
 GmP, LCW, CWN, WN = (_wrapper(n, f) for n, f in methods.WRAPPERS.items())
@@ -470,9 +447,8 @@ def paper_form(name: str, factory, layer: type[nn.Module], module: str = __name_
   `factory` builds from its options, declared as further fields (and `use_running_average`
   where it has IMN's)."""
   extra = {'use_running_average': None} if 'input_mean_norm' in methods.options_of(factory) else {}
-  namespace = {**_fields(factory, **extra), '__module__': module}
-  namespace['__doc__'] = (
+  return _class(name, (PaperForm, layer), factory, (
       f'`{layer.__module__.split(".")[0]}.{layer.__name__}` computing with the kernel and bias of '
       f'the method `{factory.__module__}.{factory.__name__}(...)` builds from the fields '
-      f'{", ".join(methods.options_of(factory)) or "(none)"}, beside the layer\'s own.')
-  return type(name, (PaperForm, layer), {'__qualname__': name, **namespace})
+      f'{", ".join(methods.options_of(factory)) or "(none)"}, beside the layer\'s own.'), module,
+                **extra)
