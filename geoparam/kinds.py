@@ -70,18 +70,13 @@ class Layout(NamedTuple):
 
   def to_method(self, kernel):
     """The layer's kernel (jax or numpy) as the method sees it, `method_shape`."""
-    order = self._order
-    if order != tuple(range(len(order))):
-      kernel = kernel.transpose(order)
-    return kernel.reshape(self.method_shape)
+    return kernel.transpose(self._order).reshape(self.method_shape)
 
   def to_layer(self, kernel, bias=None):
     """`(kernel, bias)` of the method (`method_shape`, `(F,)` or None) in the layer's layout."""
-    order = self._order
-    kernel = kernel.reshape(tuple(self.kernel_shape[a] for a in order))
-    if order != tuple(range(len(order))):
-      kernel = kernel.transpose(tuple(np.argsort(order)))
-    return kernel, None if bias is None else bias.reshape(self.units)
+    kernel = kernel.reshape(tuple(self.kernel_shape[a] for a in self._order))
+    return (kernel.transpose(tuple(np.argsort(self._order))),
+            None if bias is None else bias.reshape(self.units))
 
   def names(self, names):
     """Sharding names of the layer's kernel, relabelled for the method's: the flattened units
@@ -144,10 +139,7 @@ def of(layer) -> Kind | None:
   reparameterized layers, `LCWDense` and the like: class attribute `reparameterized`)."""
   if getattr(type(layer), 'reparameterized', False):
     return None
-  for cls in type(layer).__mro__:
-    if cls in REGISTRY:
-      return REGISTRY[cls]
-  return None
+  return next((REGISTRY[c] for c in type(layer).__mro__ if c in REGISTRY), None)
 
 
 class Shell(NamedTuple):
@@ -312,8 +304,7 @@ def _padding_free(layer) -> bool:
 
 def _conv_example(layer):
   kernel_size = ints(layer.kernel_size)
-  dilation = layer.kernel_dilation
-  dilation = ints(dilation or 1)
+  dilation = ints(layer.kernel_dilation or 1)
   dilation = dilation * len(kernel_size) if len(dilation) == 1 else dilation
   return (1,) + tuple((k - 1) * d + 1 for k, d in zip(kernel_size, dilation)) + (
       layer.in_features,)
