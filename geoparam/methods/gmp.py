@@ -118,16 +118,13 @@ def from_dense(kernel, bias=None) -> dict[str, jax.Array]:
   `scale` is > 0 and every entry finite in that dtype, or this raises ValueError
   naming the columns (zero, non-finite, tiny or huge columns; overflowing `lam`).
   """
-  kernel = jnp.asarray(kernel)
+  # a real float kernel: an integer one becomes the default float, so a float bias is not truncated
+  kernel = checks.floating(kernel, 'kernel', 'from_dense')
   if kernel.ndim < 2:
     raise ValueError(f'kernel must have shape (..., fan_in-part, features), got {kernel.shape}.')
   if kernel.size == 0:
     raise ValueError(f'kernel of shape {kernel.shape} is empty: it needs at least one unit (last '
                      'axis) and a fan-in of at least 1 (the other axes) to have a GmP form.')
-  if jnp.issubdtype(kernel.dtype, jnp.complexfloating):
-    raise ValueError(f'kernel must be real, got dtype {kernel.dtype}.')
-  if not jnp.issubdtype(kernel.dtype, jnp.floating):
-    kernel = kernel.astype(jnp.result_type(float))  # so that a float bias is not truncated
   features = kernel.shape[-1]
   w = kernel.reshape(-1, features)
   dtype = w.dtype
