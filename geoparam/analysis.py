@@ -180,11 +180,11 @@ def _bias(params, key, kernel, kind, name=None, default=0.0) -> jax.Array:
   return _per_feature(params[key], name or key, kernel, kind)
 
 
-def _sp_affine(params, kind):
-  """'sp': the plain Dense's `(kernel, bias)`."""
+def _sp_affine(params, kind, name: str = 'bias'):
+  """'sp': the plain Dense's `(kernel, bias)` (`name`: the bias's, in messages)."""
   _need(params, ('kernel',), kind)
   w = _kernel(params['kernel'])
-  return w, _bias(params, 'bias', w, kind)
+  return w, _bias(params, 'bias', w, kind, name)
 
 
 def _wn_mbn_affine(params, kind):
@@ -200,11 +200,9 @@ def _bn_affine(params, kind):
   """'bn': the Dense, then BatchNorm folded with `batch_stats`:
   `gamma (w^T x + b - mean) / sqrt(var + eps) + beta`."""
   _need(params, ('dense', 'batch_stats'), kind)
-  dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
-  _need(dense, ('kernel',), kind)
+  bn, stats = params.get('bn', {}), params['batch_stats']
   _need(stats, ('mean', 'var'), kind)
-  w = _kernel(dense['kernel'])
-  b = _bias(dense, 'bias', w, kind, 'dense/bias')
+  w, b = _sp_affine(params['dense'], kind, 'dense/bias')
   eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
   if eps.ndim != 0:
     raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
