@@ -224,8 +224,7 @@ def _trailing(kernel_shape, n_units) -> Layout:
 def _dense_layout(layer, inputs_shape):
   if len(inputs_shape) < 1:
     raise ValueError('expects inputs (..., fan_in), got a scalar.')
-  features = features_of(layer)
-  return _trailing((inputs_shape[-1],) + features, 1)
+  return _trailing((inputs_shape[-1],) + features_of(layer), 1)
 
 
 #: `nn.Dense` and `nnx.Linear`: kernel `(fan_in, F)`.
@@ -287,8 +286,7 @@ def conv_kernel_shape(kernel_size, inputs_shape, features: int, groups: int) -> 
 
 
 def _conv_layout(layer, inputs_shape):
-  features = features_of(layer)
-  return _trailing(conv_kernel_shape(layer.kernel_size, inputs_shape, features[0],
+  return _trailing(conv_kernel_shape(layer.kernel_size, inputs_shape, features_of(layer)[0],
                                      layer.feature_group_count), 1)
 
 
