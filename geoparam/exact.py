@@ -245,9 +245,8 @@ def convert_layer(method, layer, kernel, bias, inputs, path=(), fold=None,
 
 def _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack):
   """`convert_layer` of traced weights: its eager float64 self, run by `jax.pure_callback`."""
-  kind = kinds.of(layer)
   dtype = jnp.result_type(kernel)
-  use_bias = kind.has_bias(layer) or fold is not None
+  use_bias = kinds.of(layer).has_bias(layer) or fold is not None
   specs = method.params(layout.method_shape, methods.Layer(use_bias=use_bias), lambda: None)
   stored = {k: jax.ShapeDtypeStruct(stack + tuple(p.shape), methods.base.stored_dtype(p, dtype))
             for k, p in specs.items()}
@@ -272,15 +271,12 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
         f'layer {_name(path)}: {method.name!r} has IMN, whose running mean starts at the mean '
         f'of the layer\'s input on the example batch, but that input is empty (shape '
         f'{tuple(jnp.shape(inputs))}): pass example inputs with at least one example.')
-  kernel = np.asarray(kernel, np.float64)
-  bias = np.zeros(layout.units) if bias is None else np.asarray(bias, np.float64)
-  if fold is not None:
-    s, t = fold
-    kernel, bias = kernel * s, bias * s + t
+  kernel = layout.to_method(np.asarray(kernel, np.float64))  # units: the last axis
+  bias = np.zeros(kernel.shape[-1]) if bias is None else np.asarray(bias, np.float64).reshape(-1)
+  if fold is not None:  # per unit
+    kernel, bias = kernel * fold[0], bias * fold[0] + fold[1]
   # A dropped BatchNorm's shift belongs to the layer before it, bias-free or not.
   use_bias = kind.has_bias(layer) or fold is not None
-  kernel = layout.to_method(kernel)  # units: every output
-  bias = bias.reshape(-1)
   # a layer inside a lifted transform (nn.scan, nn.vmap, nn.remat) has traced inputs: its
   # running mean starts at 0 (exact as well), not at the batch mean
   calibrate = (imn and use_bias and kind.padding_free(layer)
