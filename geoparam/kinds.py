@@ -315,14 +315,10 @@ CONV = Kind('Conv', _conv_layout, _last_axis, _conv_example, _padding_free, taps
 # ----------------------------------------------------------------------------- ConvTranspose
 
 def _conv_transpose_layout(layer, inputs_shape):
-  features = features_of(layer)
-  kernel_size = ints(layer.kernel_size)
-  if len(inputs_shape) < len(kernel_size) + 1:
-    raise ValueError(f'kernel_size {kernel_size} needs inputs of rank >= {len(kernel_size) + 1}, '
-                     f'got shape {tuple(inputs_shape)}.')
-  if getattr(layer, 'transpose_kernel', False):
-    return Layout(kernel_size + (features[0], inputs_shape[-1]), (len(kernel_size),))
-  return _trailing(kernel_size + (inputs_shape[-1], features[0]), 1)
+  shape = conv_kernel_shape(layer.kernel_size, inputs_shape, features_of(layer)[0], 1)
+  if getattr(layer, 'transpose_kernel', False):  # (*window, features, in)
+    return Layout(shape[:-2] + (shape[-1], shape[-2]), (len(shape) - 2,))
+  return _trailing(shape, 1)
 
 
 def _no_imn(why):
