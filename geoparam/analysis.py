@@ -99,20 +99,17 @@ BN_EPSILON = 1e-5  # nn.BatchNorm's default
 
 def _method_of(kind) -> methods.Method | None:
   """The method record of a kind: a name of `geoparam.methods.REGISTRY` or a
-  `geoparam.methods.Method`; None for the kinds that are no method ('sp', 'bn', 'wn_mbn')."""
+  `geoparam.methods.Method`; None for the kinds that are no method ('sp', 'bn', 'wn_mbn').
+  Raises for an unknown kind."""
   if isinstance(kind, methods.Method):
     return kind
   if isinstance(kind, str) and kind in methods.REGISTRY:
     return methods.get(kind)
-  return None
-
-
-def _check_kind(kind):
-  if _method_of(kind) is None and kind not in KINDS:
+  if kind not in KINDS:
     raise ValueError(f'unknown parameterization kind={kind!r}; valid kinds: {", ".join(KINDS)}, '
                      f'or a method of geoparam.methods.REGISTRY ({", ".join(methods.REGISTRY)}) '
                      'or a geoparam.methods.Method.')
-  return kind
+  return None
 
 
 def _name(kind) -> str:
@@ -138,8 +135,8 @@ def _method_affine(params, method: methods.Method, kind):
   if method.imn is not None:
     _need(params, ('batch_stats',), kind)
     _need(params['batch_stats'], ('mean',), kind)
-    mean = _vector(params['batch_stats']['mean'], 'batch_stats/mean (the running input mean)',
-                   shape[0], f'fan_in = {shape[0]}', kind, w.dtype)
+    mean = _per_feature(params['batch_stats']['mean'], 'batch_stats/mean (the running input mean)',
+                        w, kind, axis=0)
     b = b - mean @ w
   return w, b
 
@@ -163,20 +160,16 @@ def _kernel(kernel) -> jax.Array:
   return kernel
 
 
-def _vector(value, name, size, against, kind, dtype) -> jax.Array:
-  """`value` as a `(size,)` array of `dtype`; `against` says which shape fixes `size`."""
-  value = jnp.asarray(value, dtype)
+def _per_feature(value, name, kernel, kind, axis: int = 1) -> jax.Array:
+  """A vector checked against the kernel `(fan_in, features)`, in its dtype: per unit
+  `(features,)`, or per input `(fan_in,)` with `axis=0` (IMN's running mean)."""
+  value, size = jnp.asarray(value, kernel.dtype), kernel.shape[axis]
   if value.shape != (size,):
-    raise ValueError(
-        f'kind={kind!r}: {name} must have shape ({size},) to match {against}, got shape '
-        f'{value.shape}.')
+    against = (f'the kernel of shape {kernel.shape} (one entry per feature)' if axis else
+               f'fan_in = {size}')
+    raise ValueError(f'kind={kind!r}: {name} must have shape ({size},) to match {against}, got '
+                     f'shape {value.shape}.')
   return value
-
-
-def _per_feature(value, name, kernel, kind) -> jax.Array:
-  """A per-unit vector `(features,)` checked against the kernel `(fan_in, features)`."""
-  return _vector(value, name, kernel.shape[1], f'the kernel of shape {kernel.shape} '
-                 '(one entry per feature)', kind, kernel.dtype)
 
 
 def _bias(params, key, kernel, kind, name=None, default=0.0) -> jax.Array:
@@ -187,11 +180,11 @@ def _bias(params, key, kernel, kind, name=None, default=0.0) -> jax.Array:
   return _per_feature(params[key], name or key, kernel, kind)
 
 
-def _sp_affine(params, kind):
-  """'sp': the plain Dense's `(kernel, bias)`."""
+def _sp_affine(params, kind, name: str = 'bias'):
+  """'sp': the plain Dense's `(kernel, bias)` (`name`: the bias's, in messages)."""
   _need(params, ('kernel',), kind)
   w = _kernel(params['kernel'])
-  return w, _bias(params, 'bias', w, kind)
+  return w, _bias(params, 'bias', w, kind, name)
 
 
 def _wn_mbn_affine(params, kind):
@@ -207,11 +200,9 @@ def _bn_affine(params, kind):
   """'bn': the Dense, then BatchNorm folded with `batch_stats`:
   `gamma (w^T x + b - mean) / sqrt(var + eps) + beta`."""
   _need(params, ('dense', 'batch_stats'), kind)
-  dense, bn, stats = params['dense'], params.get('bn', {}), params['batch_stats']
-  _need(dense, ('kernel',), kind)
+  bn, stats = params.get('bn', {}), params['batch_stats']
   _need(stats, ('mean', 'var'), kind)
-  w = _kernel(dense['kernel'])
-  b = _bias(dense, 'bias', w, kind, 'dense/bias')
+  w, b = _sp_affine(params['dense'], kind, 'dense/bias')
   eps = jnp.asarray(params.get('epsilon', BN_EPSILON), w.dtype)
   if eps.ndim != 0:
     raise ValueError(f"kind='bn': epsilon must be a scalar, got shape {eps.shape}.")
@@ -239,7 +230,7 @@ def affine(params: Mapping[str, Any], kind: str) -> tuple[jax.Array, jax.Array]:
     For a method with a gain (GmP) `w = u(theta)` (unit columns) and `b = lam`
     (the positive output scale is dropped); BN and MBN are folded with `batch_stats`.
   """
-  method = _method_of(_check_kind(kind))
+  method = _method_of(kind)
   if method is not None:
     return _method_affine(params, method, kind)
   return _NOT_METHODS[kind](params, kind)
@@ -440,11 +431,10 @@ def perturb(params: Mapping[str, Any], eps, kind: str) -> dict[str, Any]:
   (which would make every parameter non-finite); a traced `eps` is not checked.
   """
   _check_eps(eps)
-  kind = _check_kind(kind)
+  method = _method_of(kind)
   _need(params, (), kind)
   out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in params.items()}
   touched = 0
-  method = _method_of(kind)
   if method is not None:
     spec = methods.base.dense_spec(method, _stored(params, kind), f'kind={_name(kind)!r}')[1]
     trainable = tuple((k,) for k, p in spec.items() if not p.fixed)

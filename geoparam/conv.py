@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 import contextlib
 import math
-import numbers
 import threading
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from geoparam import kinds
 
 _bypass = threading.local()
 
@@ -63,9 +64,7 @@ def tap_mask(layer: Any, spatial_in: tuple[int, ...], probe) -> np.ndarray:
   -> outputs` runs it with this kernel, one input and `taps` output channels, no
   groups, mask or bias, in float32 at HIGHEST precision (each shell has one).
   """
-  kernel_size = layer.kernel_size
-  kernel_size = (kernel_size,) if isinstance(kernel_size, numbers.Integral) else tuple(
-      kernel_size)
+  kernel_size = kinds.ints(layer.kernel_size)
   spatial_in = tuple(int(s) for s in spatial_in)
   key = (type(layer), kernel_size, spatial_in) + tuple(
       _hashable(getattr(layer, f, None)) for f in (

@@ -169,13 +169,6 @@ def imn_width(method, layer, inputs_shape, path=()) -> int | None:
   return math.prod(inputs_shape[a] for a in axes)
 
 
-def _slice_path(path, index, stack):
-  """`path` naming one layer of a stack: `('blocks', 'up[2]')` (unchanged when not stacked)."""
-  if not stack:
-    return path
-  return path[:-1] + (f'{path[-1]}[{",".join(str(i) for i in index)}]',)
-
-
 def _flat_mean(kind, layer, x):
   """The IMN mean of a layer input as the wrappers compute it, float64 `(width,)`."""
   x = np.asarray(x, np.float64)
@@ -205,14 +198,14 @@ def _mean_dot(kind, layer, mean, kernel, path=(), xp=np):
   return xp.dot(mean, kernel.reshape(-1, features), **options)
 
 
-def _stacked(one, stack, *arrays):
-  """`one(*slices)` for every index of the leading `stack` axes of `arrays`, results stacked."""
-  pieces = [one(i, *(None if a is None else a[i] for a in arrays)) for i in np.ndindex(stack)]
+def _stacked(one, stack, path, *arrays):
+  """`one(where, *slices)` for every index of the leading `stack` axes of `arrays` (pytrees;
+  `where`: `path` naming that layer of the stack, `('blocks', 'up[2]')`), results stacked."""
+  pieces = [one(path[:-1] + (f'{path[-1]}[{",".join(map(str, i))}]',) if stack else path,
+                *jax.tree.map(lambda a: a[i], arrays)) for i in np.ndindex(stack)]
   if not stack:
     return pieces[0]
-  join = lambda *xs: None if xs[0] is None else np.stack(
-      [np.asarray(x) for x in xs]).reshape(stack + np.shape(xs[0]))
-  return jax.tree.map(join, *pieces, is_leaf=lambda x: x is None)
+  return jax.tree.map(lambda *xs: np.stack(xs).reshape(stack + np.shape(xs[0])), *pieces)
 
 
 def convert_layer(method, layer, kernel, bias, inputs, path=(), fold=None,
@@ -245,22 +238,15 @@ def convert_layer(method, layer, kernel, bias, inputs, path=(), fold=None,
   if _traced((kernel, bias, fold)):
     return _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack)
   dtype = jnp.asarray(kernel).dtype
-  s, t = (None, None) if fold is None else fold
-  out = _stacked(lambda i, k, b, s_, t_: _convert_one(
-      method, layer, layout, k, b, inputs, _slice_path(path, i, stack),
-      None if s_ is None else (s_, t_), dtype), stack, kernel, bias, s, t)
-  if not stack:
-    return out
-  stored, mean = out
-  return ({k: jnp.asarray(v, dtype=jnp.asarray(v).dtype) for k, v in stored.items()},
-          None if mean is None else jnp.asarray(mean))
+  return jax.tree.map(jnp.asarray, _stacked(
+      lambda where, k, b, f: _convert_one(method, layer, layout, k, b, inputs, where, f, dtype),
+      stack, path, kernel, bias, fold))
 
 
 def _on_host(method, layer, layout, kernel, bias, inputs, path, fold, stack):
   """`convert_layer` of traced weights: its eager float64 self, run by `jax.pure_callback`."""
-  kind = kinds.of(layer)
   dtype = jnp.result_type(kernel)
-  use_bias = kind.has_bias(layer) or fold is not None
+  use_bias = kinds.of(layer).has_bias(layer) or fold is not None
   specs = method.params(layout.method_shape, methods.Layer(use_bias=use_bias), lambda: None)
   stored = {k: jax.ShapeDtypeStruct(stack + tuple(p.shape), methods.base.stored_dtype(p, dtype))
             for k, p in specs.items()}
@@ -285,15 +271,12 @@ def _convert_one(method, layer, layout, kernel, bias, inputs, path, fold, dtype)
         f'layer {_name(path)}: {method.name!r} has IMN, whose running mean starts at the mean '
         f'of the layer\'s input on the example batch, but that input is empty (shape '
         f'{tuple(jnp.shape(inputs))}): pass example inputs with at least one example.')
-  kernel = np.asarray(kernel, np.float64)
-  bias = np.zeros(layout.units) if bias is None else np.asarray(bias, np.float64)
-  if fold is not None:
-    s, t = fold
-    kernel, bias = kernel * s, bias * s + t
+  kernel = layout.to_method(np.asarray(kernel, np.float64))  # units: the last axis
+  bias = np.zeros(kernel.shape[-1]) if bias is None else np.asarray(bias, np.float64).reshape(-1)
+  if fold is not None:  # per unit
+    kernel, bias = kernel * fold[0], bias * fold[0] + fold[1]
   # A dropped BatchNorm's shift belongs to the layer before it, bias-free or not.
   use_bias = kind.has_bias(layer) or fold is not None
-  kernel = layout.to_method(kernel)  # units: every output
-  bias = bias.reshape(-1)
   # a layer inside a lifted transform (nn.scan, nn.vmap, nn.remat) has traced inputs: its
   # running mean starts at 0 (exact as well), not at the batch mean
   calibrate = (imn and use_bias and kind.padding_free(layer)
@@ -348,10 +331,8 @@ def plain_layer(method, layer, stored, layout: kinds.Layout, mean, path=(),
   `convert_layer` (`stored`, `mean` and the result carry these leading axes).
   """
   method = methods.get(method)
-  names = sorted(stored)
-  return _stacked(lambda i, m, *values: _plain_one(
-      method, layer, dict(zip(names, values)), layout, m, _slice_path(path, i, stack),
-      approximate_borders), stack, mean, *(stored[n] for n in names))
+  return _stacked(lambda where, s, m: _plain_one(method, layer, s, layout, m, where,
+                                                 approximate_borders), stack, path, stored, mean)
 
 
 def _plain_one(method, layer, stored, layout, mean, path, approximate_borders):
@@ -408,8 +389,7 @@ def convert_weights(method, layer, kernel, bias, mean, layout: kinds.Layout, use
   """
   method = methods.get(method)
 
-  def one(index, k, b, m):
-    where = _slice_path(path, index, stack)
+  def one(where, k, b, m):
     k = layout.to_method(np.asarray(k, np.float64))
     b = np.zeros(k.shape[-1]) if b is None else np.asarray(b, np.float64).reshape(-1)
     if m is not None and np.any(np.asarray(m) != 0):
@@ -426,4 +406,4 @@ def convert_weights(method, layer, kernel, bias, mean, layout: kinds.Layout, use
         'the method can represent, or bake the layer (geoparam.nnx.bake / geoparam.bake) and '
         'assign to the plain one.'))
 
-  return _stacked(one, stack, kernel, bias, mean)
+  return _stacked(one, stack, path, kernel, bias, mean)

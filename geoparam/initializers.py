@@ -32,8 +32,7 @@ def sphere_uniform():
   def init(key, shape, dtype=jnp.float32):
     if len(shape) != 2:
       raise ValueError(f'sphere_uniform expects shape (fan_in - 1, features), got {shape}.')
-    fan_in = shape[0] + 1
-    if fan_in < 2:
+    if shape[0] < 1:  # fan-in 1
       return jnp.zeros(shape, dtype)
     return hyperspherical.uniform_direction_angles(key, shape, dtype)
 

@@ -70,18 +70,13 @@ class Layout(NamedTuple):
 
   def to_method(self, kernel):
     """The layer's kernel (jax or numpy) as the method sees it, `method_shape`."""
-    order = self._order
-    if order != tuple(range(len(order))):
-      kernel = kernel.transpose(order)
-    return kernel.reshape(self.method_shape)
+    return kernel.transpose(self._order).reshape(self.method_shape)
 
   def to_layer(self, kernel, bias=None):
     """`(kernel, bias)` of the method (`method_shape`, `(F,)` or None) in the layer's layout."""
-    order = self._order
-    kernel = kernel.reshape(tuple(self.kernel_shape[a] for a in order))
-    if order != tuple(range(len(order))):
-      kernel = kernel.transpose(tuple(np.argsort(order)))
-    return kernel, None if bias is None else bias.reshape(self.units)
+    kernel = kernel.reshape(tuple(self.kernel_shape[a] for a in self._order))
+    return (kernel.transpose(tuple(np.argsort(self._order))),
+            None if bias is None else bias.reshape(self.units))
 
   def names(self, names):
     """Sharding names of the layer's kernel, relabelled for the method's: the flattened units
@@ -144,10 +139,7 @@ def of(layer) -> Kind | None:
   reparameterized layers, `LCWDense` and the like: class attribute `reparameterized`)."""
   if getattr(type(layer), 'reparameterized', False):
     return None
-  for cls in type(layer).__mro__:
-    if cls in REGISTRY:
-      return REGISTRY[cls]
-  return None
+  return next((REGISTRY[c] for c in type(layer).__mro__ if c in REGISTRY), None)
 
 
 class Shell(NamedTuple):
@@ -232,8 +224,7 @@ def _trailing(kernel_shape, n_units) -> Layout:
 def _dense_layout(layer, inputs_shape):
   if len(inputs_shape) < 1:
     raise ValueError('expects inputs (..., fan_in), got a scalar.')
-  features = features_of(layer)
-  return _trailing((inputs_shape[-1],) + features, 1)
+  return _trailing((inputs_shape[-1],) + features_of(layer), 1)
 
 
 #: `nn.Dense` and `nnx.Linear`: kernel `(fan_in, F)`.
@@ -295,8 +286,7 @@ def conv_kernel_shape(kernel_size, inputs_shape, features: int, groups: int) -> 
 
 
 def _conv_layout(layer, inputs_shape):
-  features = features_of(layer)
-  return _trailing(conv_kernel_shape(layer.kernel_size, inputs_shape, features[0],
+  return _trailing(conv_kernel_shape(layer.kernel_size, inputs_shape, features_of(layer)[0],
                                      layer.feature_group_count), 1)
 
 
@@ -312,8 +302,7 @@ def _padding_free(layer) -> bool:
 
 def _conv_example(layer):
   kernel_size = ints(layer.kernel_size)
-  dilation = layer.kernel_dilation
-  dilation = ints(dilation or 1)
+  dilation = ints(layer.kernel_dilation or 1)
   dilation = dilation * len(kernel_size) if len(dilation) == 1 else dilation
   return (1,) + tuple((k - 1) * d + 1 for k, d in zip(kernel_size, dilation)) + (
       layer.in_features,)
@@ -326,14 +315,10 @@ CONV = Kind('Conv', _conv_layout, _last_axis, _conv_example, _padding_free, taps
 # ----------------------------------------------------------------------------- ConvTranspose
 
 def _conv_transpose_layout(layer, inputs_shape):
-  features = features_of(layer)
-  kernel_size = ints(layer.kernel_size)
-  if len(inputs_shape) < len(kernel_size) + 1:
-    raise ValueError(f'kernel_size {kernel_size} needs inputs of rank >= {len(kernel_size) + 1}, '
-                     f'got shape {tuple(inputs_shape)}.')
-  if getattr(layer, 'transpose_kernel', False):
-    return Layout(kernel_size + (features[0], inputs_shape[-1]), (len(kernel_size),))
-  return _trailing(kernel_size + (inputs_shape[-1], features[0]), 1)
+  shape = conv_kernel_shape(layer.kernel_size, inputs_shape, features_of(layer)[0], 1)
+  if getattr(layer, 'transpose_kernel', False):  # (*window, features, in)
+    return Layout(shape[:-2] + (shape[-1], shape[-2]), (len(shape) - 2,))
+  return _trailing(shape, 1)
 
 
 def _no_imn(why):

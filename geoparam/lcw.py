@@ -54,7 +54,7 @@ def project(v: jax.Array) -> jax.Array:
         f'project expects v of shape (m - 1,) with m >= 2, got shape {v.shape}; '
         'a size-0 v (m = 1) has no nonzero zero-sum vector; use project_batched '
         '(or vmap) for several units.')
-  return project_batched(v)
+  return _project_batched_jit(v)
 
 
 def project_batched(v: jax.Array) -> jax.Array:

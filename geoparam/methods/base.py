@@ -272,9 +272,8 @@ def dense_spec(method: Method, stored: Mapping[str, Any], where: str = 'dense_sp
   """
   first = next(iter(method.params((2, 1), Layer(), lambda: None)))
   shape = tuple(np.shape(stored[first])) if first in stored else ()
-  for n in (shape[0], shape[0] + 1) if len(shape) == 2 else ():
-    specs = [method.params((n, shape[1]), Layer(use_bias=b), lambda: None)
-             for b in (True, False)] if n >= 1 else [{}]
+  for n in range(max(shape[0], 1), shape[0] + 2) if len(shape) == 2 else ():  # fan-in >= 1
+    specs = [method.params((n, shape[1]), Layer(use_bias=b), lambda: None) for b in (True, False)]
     if first not in specs[0] or specs[0][first].shape != shape:
       continue
     spec = specs[0] if (set(specs[0]) - set(specs[1])) & set(stored) else specs[1]

@@ -118,16 +118,13 @@ def from_dense(kernel, bias=None) -> dict[str, jax.Array]:
   `scale` is > 0 and every entry finite in that dtype, or this raises ValueError
   naming the columns (zero, non-finite, tiny or huge columns; overflowing `lam`).
   """
-  kernel = jnp.asarray(kernel)
+  # a real float kernel: an integer one becomes the default float, so a float bias is not truncated
+  kernel = checks.floating(kernel, 'kernel', 'from_dense')
   if kernel.ndim < 2:
     raise ValueError(f'kernel must have shape (..., fan_in-part, features), got {kernel.shape}.')
   if kernel.size == 0:
     raise ValueError(f'kernel of shape {kernel.shape} is empty: it needs at least one unit (last '
                      'axis) and a fan-in of at least 1 (the other axes) to have a GmP form.')
-  if jnp.issubdtype(kernel.dtype, jnp.complexfloating):
-    raise ValueError(f'kernel must be real, got dtype {kernel.dtype}.')
-  if not jnp.issubdtype(kernel.dtype, jnp.floating):
-    kernel = kernel.astype(jnp.result_type(float))  # so that a float bias is not truncated
   features = kernel.shape[-1]
   w = kernel.reshape(-1, features)
   dtype = w.dtype
@@ -175,10 +172,6 @@ def from_dense(kernel, bias=None) -> dict[str, jax.Array]:
         f'{[f"{x:.3g}" for x in norms[bad_lam][:3]]}; '
         f'np.finfo({dtype}).max = {float(finfo.max):.4g}). Rescale those units or convert in '
         'float64.')
-  if not np.all(np.isfinite(np.asarray(out['theta']))):
-    raise ValueError(
-        f'kernel columns {columns(~np.all(np.isfinite(np.asarray(out["theta"])), axis=0))}: '
-        'the angles are not finite.')
   return out
 
 
@@ -198,14 +191,13 @@ def to_dense(params: Mapping[str, Any], kernel_shape=None) -> tuple[jax.Array, j
   if theta.ndim != 2:
     raise ValueError(f'theta must have shape (fan_in - 1, features), got {theta.shape}.')
   features = theta.shape[1]
-  entries = {k: np.asarray(params[k]) for k in ('lam', 'scale', 'sign')
+  entries = {k: np.asarray(params[k]) for k in ('theta', 'lam', 'scale', 'sign')
              if params.get(k) is not None}
   for name, value in entries.items():
-    if value.shape != (features,):
+    if name != 'theta' and value.shape != (features,):
       raise ValueError(
           f'{name} must have shape ({features},) to match theta of shape {theta.shape} (one '
           f'entry per feature), got shape {value.shape}.')
-  for name, value in [('theta', np.asarray(theta))] + list(entries.items()):
     if not np.all(np.isfinite(value)):
       raise ValueError(
           f'{name} has entries that are not finite (units '
@@ -224,11 +216,10 @@ def to_dense(params: Mapping[str, Any], kernel_shape=None) -> tuple[jax.Array, j
 
 
 def _convert(kernel, bias, dtype, use_bias):
-  w = np.asarray(kernel).reshape(-1, np.shape(kernel)[-1])
   # Converted in the params' dtype (float32 at least: the angles are stored so), so its checks
   # (tiny columns, overflow) are that dtype's; lam and scale are then stored in `dtype`.
   wide = jnp.promote_types(dtype, jnp.float32)
-  out = from_dense(jnp.asarray(w, wide), jnp.asarray(bias, wide))
+  out = from_dense(jnp.asarray(kernel, wide), jnp.asarray(bias, wide))
   out = {k: v if k == 'theta' else v.astype(dtype) for k, v in out.items()}
   kept = base.with_layer_bias({}, out['lam'], dtype, use_bias, name='lam')
   return {k: v for k, v in out.items() if k != 'lam' or kept}
@@ -246,15 +237,6 @@ def _bake(params, kernel_shape):
 def _from_kernel(kernel, bias, use_bias):
   out = from_dense_traced(kernel.reshape(-1, kernel.shape[-1]), bias)
   return {k: v for k, v in out.items() if k != 'lam' or use_bias}
-
-
-def _layer_draw(layer: base.Layer, kernel_shape, dtype, key):
-  """The layer's own `kernel_init`/`bias_init` draws: `(kernel (fan_in, F), bias (F,))`."""
-  k_key, b_key = jax.random.split(key)
-  kernel = meta.unbox(layer.kernel_init(k_key, kernel_shape, dtype))
-  features = kernel_shape[-1]
-  bias = meta.unbox((layer.bias_init if layer.use_bias else jinit.zeros)(b_key, (features,), dtype))
-  return kernel.reshape(-1, features), bias
 
 
 def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
@@ -283,8 +265,13 @@ def gmp(initialization: str = 'paper', theta_init=None, lam_init=None,
                'lam': lam_init or jinit.zeros,
                'scale': scale_init or jinit.ones, 'sign': initializers.rademacher()}
     else:
-      # one draw, all variables from it (new_key gives the same key on every call)
-      draw = lambda dtype: from_dense_traced(*_layer_draw(layer, kernel_shape, dtype, new_key()))
+
+      def draw(dtype):  # the layer's own kernel_init/bias_init draw, all variables from it
+        k_key, b_key = jax.random.split(new_key())  # the same key on every call
+        bias_init = layer.bias_init if layer.use_bias else jinit.zeros
+        return _from_kernel(meta.unbox(layer.kernel_init(k_key, kernel_shape, dtype)),
+                            meta.unbox(bias_init(b_key, (features,), dtype)), True)
+
       inits = {name: (lambda name: lambda _, shape, dtype=jnp.float32: draw(dtype)[name])(name)
                for name in shapes}
     return {name: base.Param(shape, inits[name], jnp.float32 if name == 'theta' else None,
