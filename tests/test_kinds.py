@@ -231,6 +231,42 @@ def test_nnx_conv_transpose_converts_and_bakes_exactly(x64):
   _close(model(x), before)
 
 
+class LinenTransposedThenNorm(nn.Module):
+  """A ConvTranspose whose units are not its kernel's last axis (transpose_kernel), then a
+  BatchNorm with statistics far from the identity: the fold must scale the units' axis."""
+  @nn.compact
+  def __call__(self, x):
+    x = nn.ConvTranspose(5, (2, 2), transpose_kernel=True, name='up_t')(x)
+    return nn.BatchNorm(use_running_average=True, name='bn')(x)
+
+
+def test_dropped_batchnorm_folds_into_a_transposed_kernel_conv_transpose(x64):
+  x = jax.random.normal(jax.random.key(1), (2, 3, 3, 4), jnp.float64)
+  model = LinenTransposedThenNorm()
+  plain = model.init(jax.random.key(0), x)
+  stats = {'mean': jnp.linspace(-1.0, 2.0, 5), 'var': jnp.linspace(0.2, 3.0, 5)}
+  plain = {'params': {**plain['params'], 'bn': {'scale': jnp.linspace(0.5, 2.0, 5),
+                                                'bias': jnp.linspace(-1.0, 1.0, 5)}},
+           'batch_stats': {'bn': stats}}
+  rp = geoparam.reparameterize(model, 'gmp', drop_batchnorm=True)
+  variables = geoparam.to_reparameterized(rp, plain, x)
+  assert 'bn' not in variables['params']
+  _close(rp.apply(variables, x), model.apply(plain, x))
+  # the NNX transform folds it the same way
+  nnx_model = nnx.Sequential(
+      nnx.ConvTranspose(4, 5, (2, 2), transpose_kernel=True, param_dtype=jnp.float64,
+                        rngs=nnx.Rngs(0)),
+      nnx.BatchNorm(5, use_running_average=True, param_dtype=jnp.float64, rngs=nnx.Rngs(0)))
+  norm = nnx_model.layers[1]
+  for variable, value in ((norm.mean, stats['mean']), (norm.var, stats['var']),
+                          (norm.scale, plain['params']['bn']['scale']),
+                          (norm.bias, plain['params']['bn']['bias'])):
+    variable.set_value(value)
+  before = nnx_model(x)
+  gnnx.reparameterize(nnx_model, 'gmp', x, drop_batchnorm=True)
+  _close(nnx_model(x), before)
+
+
 # ----------------------------------------------------------------------------- a kind of our own
 
 class MyDense(nn.Module):
