@@ -52,6 +52,7 @@ import numpy as np
 
 from geoparam import checks
 from geoparam import conv
+from geoparam import exact
 from geoparam import kinds
 from geoparam import methods
 from geoparam.methods import run
@@ -288,7 +289,7 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
   params, compute = _variables(holder, method, layer, layout, use_bias, ops)
   ops = ops or layer_ops(layer, layout, inputs.ndim, method.imn is not None)
   if holder.is_mutable_collection('intermediates'):  # capture_intermediates=True, or asked for
-    _sow_weights(holder, method, params, layout, compute)
+    _sow_weights(holder, method, params, layer, layout, compute)
   try:
     return run.forward(method, params, ops, inputs, kernel_shape, input_mean, compute)
   except flax.errors.ScopeCollectionNotFound as e:
@@ -301,15 +302,15 @@ def call(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs,
         "'batch_stats': 0} (as for BatchNorm). Flax said: " + str(e).split(' (https')[0]) from None
 
 
-def _sow_weights(holder: nn.Module, method: methods.Method, params, layout: kinds.Layout,
-                 dtype) -> None:
-  """Sows the kernel and bias the layer runs with, in its own layout, as `intermediates`
-  `kernel` and `bias` of `holder` (computed again from the params: no stored copy)."""
-  kernel, bias = method.apply(params, layout.method_shape)
-  kernel, bias = layout.to_layer(kernel.astype(dtype), None if bias is None else bias.astype(dtype))
-  holder.sow('intermediates', 'kernel', kernel)
+def _sow_weights(holder: nn.Module, method: methods.Method, params, layer: nn.Module,
+                 layout: kinds.Layout, dtype) -> None:
+  """Sows the kernel and bias the layer runs with (`geoparam.exact.effective`, in `dtype`), in its
+  own layout, as `intermediates` `kernel` and `bias` of `holder` (computed again from the params:
+  no stored copy)."""
+  kernel, bias = exact.effective(method, layer, params, layout)
+  holder.sow('intermediates', 'kernel', kernel.astype(dtype))
   if bias is not None:
-    holder.sow('intermediates', 'bias', bias)
+    holder.sow('intermediates', 'bias', bias.astype(dtype))
 
 
 def add_bias(holder: nn.Module, method: methods.Method, layer: nn.Module, inputs, outputs):
