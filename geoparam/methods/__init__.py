@@ -36,7 +36,7 @@ from geoparam.methods.base import init
 from geoparam.methods.base import with_imn
 
 __all__ = ['Method', 'Param', 'Layer', 'IMN', 'REGISTRY', 'WRAPPERS', 'PAPER_FORMS', 'register',
-           'get', 'options_of',
+           'get', 'build', 'options_of',
            'with_imn', 'init', 'base']
 
 # Method name -> factory(**options) -> Method. The one list of method names.
@@ -85,6 +85,21 @@ def options_of(factory: Callable[..., Method]) -> dict[str, Any]:
           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
+def build(factory: Callable[..., Method], options: dict[str, Any], owner: str):
+  """`factory(**options)`; options it does not take raise a TypeError naming `owner` (the method
+  or the class built on it) and listing those it takes.
+
+    >>> build(WRAPPERS['WN'], {'eps': 0.1}, 'WN')
+    Traceback (most recent call last):
+    TypeError: WN takes the options ['epsilon', 'scale_init']; got unknown ['eps'].
+  """
+  accepted = sorted(options_of(factory))
+  unknown = sorted(set(options) - set(accepted))
+  if unknown:
+    raise TypeError(f'{owner} takes the options {accepted}; got unknown {unknown}.')
+  return factory(**options)
+
+
 def get(method: str | Method, **options) -> Method:
   """The `Method` for a registry name (built with `options`), or `method` itself.
 
@@ -104,11 +119,7 @@ def get(method: str | Method, **options) -> Method:
     raise ValueError(f'method must be one of {tuple(REGISTRY)} or a geoparam.methods.Method, '
                      f'got {method!r}.')
   factory = REGISTRY[method]
-  accepted = sorted(options_of(factory))
-  unknown = sorted(set(options) - set(accepted))
-  if unknown:
-    raise TypeError(f'method {method!r} takes the options {accepted}; got unknown {unknown}.')
-  built = factory(**options)
+  built = build(factory, options, f'method {method!r}')
   if not isinstance(built, Method):
     raise TypeError(f'the factory registered as method {method!r} ({_named(factory)}) returned '
                     f'{built!r:.80} of type {type(built).__name__}, not a geoparam.methods.Method.')

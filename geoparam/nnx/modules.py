@@ -727,11 +727,7 @@ def _wrapper(name: str, factory) -> type:
   """The NNX wrapper class `name`: `Reparam(layer, factory(**options))` (`methods.WRAPPERS`)."""
 
   def __init__(self, layer, *, rngs=None, use_running_average=False, **options):
-    unknown = sorted(set(options) - set(methods.options_of(factory)))
-    if unknown:  # (the factory's own TypeError would not list the options)
-      raise TypeError(f'{name} takes the options {sorted(methods.options_of(factory))}; got '
-                      f'unknown {unknown}.')
-    Reparam.__init__(self, layer, factory(**options), rngs=rngs,
+    Reparam.__init__(self, layer, methods.build(factory, options, name), rngs=rngs,
                      use_running_average=use_running_average)
 
   doc = (f'`Reparam(layer, method, *, rngs=None, use_running_average=False)` with the method '
