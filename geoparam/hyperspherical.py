@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from geoparam import checks
+from geoparam import native
 
 __all__ = [
   'to_cartesian',
@@ -41,14 +42,22 @@ __all__ = [
 ]
 
 
-SCHEMES = ('sequential', 'associative')
+SCHEMES = ('sequential', 'associative', 'native')
 
 
-def _scheme(scheme: str | None) -> str:
-  """The scan schedule: `sequential` on CPU, `associative` (log-depth) on GPU/TPU."""
+def _scheme(scheme: str | None, for_map: bool = False) -> str:
+  """The schedule: on CPU `sequential` (`native` for the map where `geoparam.native` is
+  available), `associative` (log-depth) on GPU/TPU. The scans run `native` as `sequential`."""
+  cpu = jax.default_backend() == 'cpu'
   if scheme is None:
-    return 'sequential' if jax.default_backend() == 'cpu' else 'associative'
+    if not cpu:
+      return 'associative'
+    return 'native' if for_map and native.available() else 'sequential'
   checks.one_of('scheme', scheme, SCHEMES + (None,))
+  if scheme == 'native' and for_map and not (cpu and native.available()):
+    raise ValueError("scheme='native' needs the CPU backend and geoparam.native available; "
+                     f'the backend is {jax.default_backend()!r}'
+                     + (f', and {native.unavailable_reason()}' if cpu else '') + '.')
   return scheme
 
 
@@ -272,11 +281,54 @@ def _exclusive_sin_products(s, scheme):
   return jnp.concatenate([jnp.ones_like(s[:1]), p[:-1]]), p[-1:]
 
 
+def _sequential_forward(theta):
+  return _with_sincos(theta, _SEQUENTIAL_POLY[0], _SEQUENTIAL_JNP[0], theta)
+
+
+def _sequential_backward(theta, g):
+  return _with_sincos(theta, _SEQUENTIAL_POLY[1], _SEQUENTIAL_JNP[1], theta, g)
+
+
+# The native kernels have no derivatives of their own: second derivatives (which
+# differentiate the forward and the VJP) go through the sequential scans.
+@jax.custom_jvp
+def _native_forward(theta):
+  return native.forward(theta)
+
+
+@_native_forward.defjvp
+def _native_forward_jvp(primals, tangents):
+  return _native_forward(*primals), jax.jvp(_sequential_forward, primals, tangents)[1]
+
+
+@jax.custom_vjp
+def _native_backward(theta, g):
+  return native.backward(theta, g)
+
+
+def _native_backward_fwd(theta, g):
+  return native.backward(theta, g), (theta, g)
+
+
+def _native_backward_bwd(res, ct):
+  return jax.vjp(_sequential_backward, *res)[1](ct)
+
+
+_native_backward.defvjp(_native_backward_fwd, _native_backward_bwd)
+
+
+def _is_native(scheme, theta):
+  """Whether `native` computes this map (float32; other dtypes take the sequential scans)."""
+  return scheme == 'native' and theta.dtype == jnp.float32
+
+
 def _unit_vector_fwd(theta, scheme):
-  if scheme == 'sequential':
-    # The only residual is theta itself (a parameter, alive anyway): the backward
-    # recomputes sin/cos row by row, so a step holds no extra (n, ...) arrays for it.
-    return _with_sincos(theta, _SEQUENTIAL_POLY[0], _SEQUENTIAL_JNP[0], theta), theta
+  # The only residual of the native and sequential maps is theta itself (a parameter, alive
+  # anyway): their backward recomputes sin/cos row by row, so a step keeps no (n, ...) array.
+  if _is_native(scheme, theta):
+    return _native_forward(theta), theta
+  if scheme in ('sequential', 'native'):
+    return _sequential_forward(theta), theta
   s, c = _sincos(theta)
   p_excl, p_last = _exclusive_sin_products(s, scheme)
   u = jnp.concatenate([p_excl * c, p_last])  # (n, ...)
@@ -288,8 +340,10 @@ def _unit_vector_bwd(scheme, res, g):
   # u_k = P_{k-1} c_k (k < n), u_n = P_{n-1}, P_k = prod_{j<=k} s_j. Division-free:
   # dL/dtheta_k = P_{k-1} (c_k R_k - s_k g_k), R_k = sum_{i>k} g_i c_i prod_{k<j<i} s_j
   # (c_n := 1), i.e. R_k = g_{k+1} c_{k+1} + s_{k+1} R_{k+1}, R_{n-1} = g_n.
-  if scheme == 'sequential':
-    return (_with_sincos(res, _SEQUENTIAL_POLY[1], _SEQUENTIAL_JNP[1], res, g),)
+  if _is_native(scheme, res):
+    return (_native_backward(res, g),)
+  if scheme in ('sequential', 'native'):
+    return (_sequential_backward(res, g),)
   s, c = res
   p_excl, _ = _exclusive_sin_products(s, scheme)
   gc = jnp.concatenate([g[1:-1] * c[1:], g[-1:]])  # a_k = g_{k+1} c_{k+1}, last: g_n
@@ -353,12 +407,14 @@ def to_cartesian_batched(theta: jax.Array, scheme: str | None = None) -> jax.Arr
 
   Equal to `to_cartesian` vmapped over the trailing axes (what the layers use,
   with `batch = (features,)`), but without moving the neuron axis. `scheme`
-  picks the scan schedule (`SCHEMES`; None: by backend, see `prefix_product`).
+  picks the schedule (`SCHEMES`). None: on the CPU `native`, the map and its VJP
+  as two native kernels (float32; `geoparam.native`, where it can be built), else
+  `sequential` (`lax.scan`s); `associative` (log-depth scans) on GPU/TPU.
   """
   theta = checks.floating(theta, 'theta', 'to_cartesian_batched')
   if theta.ndim < 1:
     raise ValueError('theta must have shape (n - 1, ...), got a scalar.')
-  scheme = _scheme(scheme)
+  scheme = _scheme(scheme, for_map=True)
   if theta.shape[0] == 0:
     return jnp.ones((1,) + theta.shape[1:], theta.dtype)
   return _map_jit(theta, scheme)

@@ -148,8 +148,9 @@ def test_sincos_gradient_keeps_sign_of_zero_and_vmap_keeps_one_branch():
                              rtol=0, atol=5e-7)
   s, c = hs.sincos(jnp.asarray([-0.0, 0.0], jnp.float32))
   assert np.signbit(s[0]) and not np.signbit(s[1]) and np.all(c == 1)
-  # Under vmap the range test must stay ONE decision for the whole batch (a cond), not a
-  # per-neuron select that would run XLA's slow sin/cos branch as well.
-  hlo = jax.jit(jax.vmap(hs.to_cartesian, in_axes=1, out_axes=1)).lower(x).compile().as_text()
+  # Under vmap the sequential map's range test must stay ONE decision for the whole batch (a
+  # cond), not a per-neuron select that would run XLA's slow sin/cos branch as well.
+  sequential = functools.partial(hs.to_cartesian_batched, scheme='sequential')
+  hlo = jax.jit(jax.vmap(sequential, in_axes=1, out_axes=1)).lower(x).compile().as_text()
   if jax.default_backend() == 'cpu':
     assert 'conditional' in hlo

@@ -73,10 +73,12 @@ def test_wheel_holds_the_library_only(wheel):
     top_level = z.read(f'{dist_info}/top_level.txt').decode().split()
   assert {n.split('/')[0] for n in names} == {'geoparam', dist_info}
   assert top_level == ['geoparam']
-  # Every module of the package (subpackages included) is there, and nothing else.
+  # Every module of the package (subpackages included) and the native map's C++ source are
+  # there, and nothing else.
   source = sorted(os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, '/')
                   for d, _, files in os.walk(os.path.join(ROOT, 'geoparam'))
-                  if '__pycache__' not in d for f in files if f.endswith('.py'))
+                  if '__pycache__' not in d for f in files if f.endswith(('.py', '.cc')))
+  assert 'geoparam/native_map.cc' in source
   assert sorted(n for n in names if n.startswith('geoparam/')) == source
   with open(os.path.join(ROOT, 'LICENSE')) as f:
     assert license_text == f.read() and 'Apache License' in license_text

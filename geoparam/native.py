@@ -1,0 +1,126 @@
+"""The theta -> u map on the CPU as one native kernel, compiled on first use.
+
+XLA compiles the CPU map (`hyperspherical`'s `sequential` scheme: a `lax.scan` per pass, in
+both branches of a range `lax.cond`) into about fifteen kernels for every distinct theta
+shape, which is most of the extra compile time of a GmP model. `native_map.cc`, shipped with
+the package, computes the same map and its VJP as two XLA FFI custom calls (float32), so a
+model's maps compile to two calls per layer. It is compiled on first use with the system's
+C++ compiler (`$CXX`, else `c++`; about 4 s, once per machine) into a cache folder:
+`$GEOPARAM_CACHE_DIR`, else `$XDG_CACHE_HOME/geoparam`, else `~/.cache/geoparam`. The cached
+library's name holds a hash of the source, the flags, the compiler, jaxlib's version and the
+CPU, so a shared home folder serves machines of different kinds.
+
+Where it cannot be built (no compiler, a failed build: a warning says why) or where
+`GEOPARAM_NATIVE=0` is set, the layers use the `sequential` scheme: the same values to
+float32 rounding. `available()` says which, `unavailable_reason()` why not.
+
+    >>> from geoparam import native
+    >>> native.available() or bool(native.unavailable_reason())
+    True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import jax
+import jaxlib
+
+__all__ = ['available', 'unavailable_reason']
+
+_SOURCE = pathlib.Path(__file__).with_name('native_map.cc')
+_FLAGS = ('-O3', '-std=c++17', '-shared', '-fPIC', '-fno-math-errno', '-ffp-contract=off', '-w')
+_TARGETS = {'geoparam_map_forward': 'GeoparamMapForward',
+            'geoparam_map_backward': 'GeoparamMapBackward'}
+
+
+def _cache_dir() -> pathlib.Path:
+  if os.environ.get('GEOPARAM_CACHE_DIR'):
+    return pathlib.Path(os.environ['GEOPARAM_CACHE_DIR'])
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return pathlib.Path(base) / 'geoparam'
+
+
+def _cpu() -> str:
+  """The CPU's kind: its model and feature flags where Linux says them, else its machine."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      return ''.join(sorted({l for l in f if l.startswith(('model name', 'flags', 'Features'))}))
+  except OSError:
+    return platform.machine() + platform.processor()
+
+
+def _compile(compiler: str, flags: tuple[str, ...], target: pathlib.Path) -> str:
+  """Builds the library at `target` (atomically); '' or the compiler's complaint."""
+  target.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(suffix='.so', dir=target.parent)
+  os.close(fd)
+  command = [compiler, *flags, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', tmp]
+  try:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+      return done.stderr.strip()[-2000:] or f'{compiler} exited with {done.returncode}'
+    os.replace(tmp, target)
+    return ''
+  except (OSError, subprocess.SubprocessError) as e:
+    return str(e)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+  """(the registered library, '') or (None, why not); decided once per process."""
+  if os.environ.get('GEOPARAM_NATIVE', '1') == '0':
+    return None, 'GEOPARAM_NATIVE=0 is set'
+  compiler = shutil.which(os.environ.get('CXX') or 'c++')
+  if compiler is None:
+    return None, f'no C++ compiler found (${{CXX}} or c++: {os.environ.get("CXX") or "c++"})'
+  errors = []
+  for flags in (_FLAGS + ('-march=native',), _FLAGS):  # the second: compilers without it
+    key = '\n'.join([_SOURCE.read_text(), ' '.join(flags), compiler, jaxlib.__version__, _cpu()])
+    target = _cache_dir() / f'native_map-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so'
+    error = '' if target.exists() else _compile(compiler, flags, target)
+    if not error:
+      break
+    errors.append(error)
+  else:
+    reason = f'{compiler} could not build {_SOURCE.name}:\n{errors[-1]}'
+    warnings.warn(f'geoparam.native: {reason}\nThe layers use the XLA map instead.')
+    return None, reason
+  library = ctypes.CDLL(str(target))
+  for name, symbol in _TARGETS.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform='cpu')
+  return library, ''
+
+
+def available() -> bool:
+  """Whether the native CPU map is built and registered (builds it on the first call)."""
+  return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+  """Why the native map is not available ('' when it is)."""
+  return _load()[1]
+
+
+def forward(theta: jax.Array) -> jax.Array:
+  """`u` `(n, *batch)` of float32 angles `(n - 1, *batch)`, n >= 2 (needs `available()`)."""
+  u = jax.ShapeDtypeStruct((theta.shape[0] + 1,) + theta.shape[1:], theta.dtype)
+  return jax.ffi.ffi_call('geoparam_map_forward', u, vmap_method='sequential')(theta)
+
+
+def backward(theta: jax.Array, g: jax.Array) -> jax.Array:
+  """`dL/dtheta` `(n - 1, *batch)` of the cotangent `g` `(n, *batch)` of `forward(theta)`."""
+  d_theta = jax.ShapeDtypeStruct(theta.shape, theta.dtype)
+  return jax.ffi.ffi_call('geoparam_map_backward', d_theta, vmap_method='sequential')(theta, g)
