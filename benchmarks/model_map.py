@@ -13,7 +13,9 @@ in u would let XLA drop the forward.)
 `--maps` lists the forms of the map to time, each in its own compiled function:
 
 - `default`: `to_cartesian_batched` as the layers call it (its scheme by backend);
-- `sequential`, `associative`: the library's two schemes, forced (`associative` on the CPU runs
+- `native`: the CPU's native kernels (`geoparam.native`), forced (on the CPU `default` is this
+  one where they can be built);
+- `sequential`, `associative`: the library's scan schemes, forced (`associative` on the CPU runs
   the accelerators' form there, with the CPU's range `lax.cond` in `sincos`);
 - `window`: an experimental accelerator form kept here, not in the library: `lax.cumprod` for
   the prefix products of sines and ONE variadic `lax.reduce_window` for the backward's suffix
@@ -53,7 +55,7 @@ from benchmarks import vision_throughput
 
 FLAGS = flags.FLAGS
 
-MAPS = ('default', 'sequential', 'associative', 'window')
+MAPS = ('default', 'native', 'sequential', 'associative', 'window')
 _SHAPE = re.compile(r'[0-9]+x[0-9]+')
 
 

@@ -5,10 +5,11 @@ both branches of a range `lax.cond`) into about fifteen kernels for every distin
 shape, which is most of the extra compile time of a GmP model. `native_map.cc`, shipped with
 the package, computes the same map and its VJP as two XLA FFI custom calls (float32), so a
 model's maps compile to two calls per layer. It is compiled on first use with the system's
-C++ compiler (`$CXX`, else `c++`; about 4 s, once per machine) into a cache folder:
-`$GEOPARAM_CACHE_DIR`, else `$XDG_CACHE_HOME/geoparam`, else `~/.cache/geoparam`. The cached
-library's name holds a hash of the source, the flags, the compiler, jaxlib's version and the
-CPU, so a shared home folder serves machines of different kinds.
+C++ compiler (`$CXX`, else `c++`; about 4 s, once per machine) into
+`<cache>/native`, where `<cache>` is `$GEOPARAM_CACHE_DIR`, else `~/.cache/geoparam` (the
+data downloads' cache too). The library's name holds a hash of the source, the flags, the
+compiler, jaxlib's version and the CPU, so a shared home folder serves machines of different
+kinds. Under a sharded `jit` (several CPU devices) XLA hands each call whole arrays.
 
 Where it cannot be built (no compiler, a failed build: a warning says why) or where
 `GEOPARAM_NATIVE=0` is set, the layers use the `sequential` scheme: the same values to
@@ -44,10 +45,9 @@ _TARGETS = {'geoparam_map_forward': 'GeoparamMapForward',
 
 
 def _cache_dir() -> pathlib.Path:
-  if os.environ.get('GEOPARAM_CACHE_DIR'):
-    return pathlib.Path(os.environ['GEOPARAM_CACHE_DIR'])
-  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return pathlib.Path(base) / 'geoparam'
+  root = os.environ.get('GEOPARAM_CACHE_DIR') or os.path.join(os.path.expanduser('~'), '.cache',
+                                                              'geoparam')
+  return pathlib.Path(root) / 'native'
 
 
 def _cpu() -> str:

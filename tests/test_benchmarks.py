@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from geoparam import native
+
 from benchmarks import layers
 
 
@@ -114,11 +116,12 @@ def test_model_map_runs_on_tiny_models_and_writes_json(tmp_path):
 
 def test_model_map_forms_agree_and_report_ops_and_floor():
   from benchmarks import model_map
-  # One theta of shape (63, 64): the library's two schemes and the experimental window form
-  # (cumprod and one variadic reduce-window), whose gradients must agree with the first's.
-  rows = model_map.run(('63x64',), repeats=1, maps=('sequential', 'associative', 'window'),
-                       bandwidth_gbs=100.0)
-  assert [r['map'] for r in rows] == ['sequential', 'associative', 'window']
+  # One theta of shape (63, 64): the library's schemes (the native kernels where they build) and
+  # the experimental window form (cumprod and one variadic reduce-window), whose gradients must
+  # agree with the first's.
+  maps = ('sequential', 'associative', 'window') + (('native',) if native.available() else ())
+  rows = model_map.run(('63x64',), repeats=1, maps=maps, bandwidth_gbs=100.0)
+  assert tuple(r['map'] for r in rows) == maps
   for r in rows:
     assert r['layers'] == 1 and r['angles'] == 63 * 64 and r['floor_bytes'] == 20 * 63 * 64
     assert r['floor_ms'] == pytest.approx(1e3 * r['floor_bytes'] / 100e9)

@@ -124,7 +124,7 @@ def test_switched_off_or_unbuildable_the_map_falls_back_to_the_scans(tmp_path):
   out = out.splitlines()
   assert out[0].startswith("False ['geoparam.native:") and 'could not build' in out[0]
   assert out[1:] == [f'{shutil.which("false")} could not build native_map.cc:', 'True', 'raised']
-  assert not list(tmp_path.iterdir())
+  assert not list((tmp_path / 'native').iterdir())
 
 
 def test_the_library_is_built_once_into_the_cache_folder(tmp_path):
@@ -132,8 +132,8 @@ def test_the_library_is_built_once_into_the_cache_folder(tmp_path):
     pytest.skip('no C++ compiler here')
   code = 'from geoparam import native; print(native.available(), native.unavailable_reason())'
   assert _run(code, GEOPARAM_NATIVE='1', GEOPARAM_CACHE_DIR=str(tmp_path)) == 'True \n'
-  built = sorted(p.name for p in tmp_path.iterdir())
-  assert len(built) == 1 and built[0].startswith('native_map-') and built[0].endswith('.so')
-  stamp = (tmp_path / built[0]).stat().st_mtime_ns
+  built = sorted((tmp_path / 'native').iterdir())
+  assert len(built) == 1 and built[0].name.startswith('native_map-') and built[0].suffix == '.so'
+  stamp = built[0].stat().st_mtime_ns
   assert _run(code, GEOPARAM_NATIVE='1', GEOPARAM_CACHE_DIR=str(tmp_path)) == 'True \n'
-  assert (tmp_path / built[0]).stat().st_mtime_ns == stamp  # reused, not rebuilt
+  assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
