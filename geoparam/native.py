@@ -9,7 +9,8 @@ C++ compiler (`$CXX`, else `c++`; about 4 s, once per machine) into
 `<cache>/native`, where `<cache>` is `$GEOPARAM_CACHE_DIR`, else `~/.cache/geoparam` (the
 data downloads' cache too). The library's name holds a hash of the source, the flags, the
 compiler, jaxlib's version and the CPU, so a shared home folder serves machines of different
-kinds. Under a sharded `jit` (several CPU devices) XLA hands each call whole arrays.
+kinds. Under a sharded `jit` (several CPU devices) XLA hands each call whole arrays, and
+`jax.export` refuses the calls (set `GEOPARAM_NATIVE=0` in a process that exports).
 
 Where it cannot be built (no compiler, a failed build: a warning says why) or where
 `GEOPARAM_NATIVE=0` is set, the layers use the `sequential` scheme: the same values to
@@ -83,6 +84,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
   """(the registered library, '') or (None, why not); decided once per process."""
   if os.environ.get('GEOPARAM_NATIVE', '1') == '0':
     return None, 'GEOPARAM_NATIVE=0 is set'
+  if not hasattr(jax, 'ffi'):
+    return None, f'jax {jax.__version__} has no jax.ffi (a newer jax has)'
   compiler = shutil.which(os.environ.get('CXX') or 'c++')
   if compiler is None:
     return None, f'no C++ compiler found (${{CXX}} or c++: {os.environ.get("CXX") or "c++"})'
