@@ -8,7 +8,9 @@ For each model, each parameterization (`sp`: plain, no normalization; `bn`; `gmp
 `gmp_imn`, the paper form `scale * relu(conv(x; u) + lam)` of the studies' models, the first
 conv without IMN; `gmp_imn_transform`: `geoparam.reparameterize(bn_model, 'gmp_imn',
 drop_batchnorm=True)`, whose convs compute with `scale * u` and `scale * lam` and all have IMN,
-the first one too) is built and compiled, then their train steps (forward, backward,
+the first one too; `gmp_imn_scans`: `gmp_imn` with its theta -> u maps traced as XLA's scans,
+the `sequential` scheme, which the CPU runs where the native kernels of `geoparam.native`
+cannot be built) is built and compiled, then their train steps (forward, backward,
 SGD-momentum update, `batch_stats` update; jitted, donated, after two warm-up
 steps) are timed in alternation, `repeats` times each, so drift of a shared
 machine hits all alike. Reported: median images/s of each; the ratio GmP+IMN / BN
@@ -27,6 +29,7 @@ depths and images (the test suite runs that).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import time
@@ -39,12 +42,13 @@ import numpy as np
 import optax
 
 import geoparam
+from geoparam import hyperspherical
 from experiments.vision import models as vision_models
 
 FLAGS = flags.FLAGS
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 MODELS = ('resnet50', 'vgg6')
-PARAMETERIZATIONS = ('sp', 'bn', 'gmp', 'gmp_imn', 'gmp_imn_transform')
+PARAMETERIZATIONS = ('sp', 'bn', 'gmp', 'gmp_imn', 'gmp_imn_transform', 'gmp_imn_scans')
 DEFAULT_PARAMETERIZATIONS = ('bn', 'gmp_imn')
 
 
@@ -61,8 +65,22 @@ def define_flags():
   flags.DEFINE_string('out', None, 'Write the results as JSON to this file.')
 
 
+@contextlib.contextmanager
+def _scans(on: bool):
+  """While `on`, maps traced by default take the `sequential` scheme (XLA's scans)."""
+  scheme = hyperspherical._scheme
+  if on:
+    hyperspherical._scheme = lambda s, for_map=False: scheme(s or 'sequential', for_map)
+  try:
+    yield
+  finally:
+    hyperspherical._scheme = scheme
+
+
 def build(name: str, parameterization: str, tiny: bool, dtype=jnp.float32, image: int = 0):
   """(model, image shape) of a benchmark model in computation dtype `dtype`."""
+  if parameterization == 'gmp_imn_scans':  # the same model; `run` traces its maps as scans
+    return build(name, 'gmp_imn', tiny, dtype, image)
   if parameterization == 'gmp_imn_transform':  # the BN model, reparameterized as a whole
     model, shape = build(name, 'bn', tiny, dtype, image)
     return geoparam.reparameterize(model, 'gmp_imn', drop_batchnorm=True, exclude=['out']), shape
@@ -154,7 +172,8 @@ def run(models=MODELS, tiny: bool = False, repeats: int = 20, batch: int = 0,
     runners = {}
     for p in ps:
       model, shape = build(name, p, tiny, DTYPES[dtype], image)
-      runners[p] = _Runner(model, shape, batch, dtype=DTYPES[dtype])
+      with _scans(p == 'gmp_imn_scans'):
+        runners[p] = _Runner(model, shape, batch, dtype=DTYPES[dtype])
     times = {p: [] for p in ps}
     for _ in range(repeats):
       for p in ps:

@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -63,6 +64,23 @@ def test_vision_throughput_runs_on_a_tiny_model_in_bfloat16(tmp_path):
     vision_throughput.run(['vgg6'], tiny=True, parameterizations=('bn', 'bn'))
   with pytest.raises(ValueError, match=r"bad parameterizations \['lcw'\]"):
     vision_throughput.run(['vgg6'], tiny=True, parameterizations=('lcw',))
+
+
+def test_vision_throughput_times_the_map_as_scans_beside_the_default():
+  from benchmarks import vision_throughput
+  from geoparam import hyperspherical
+  theta = np.ones((26, 8), np.float32)
+
+  def hlo():  # a new function each time: traced anew
+    step = jax.jit(lambda t: hyperspherical.to_cartesian_batched(t))
+    return step.lower(theta).compile().as_text()
+
+  with vision_throughput._scans(True):
+    assert ' while(' in hlo()
+  assert (' while(' in hlo()) == (not native.available() and jax.default_backend() == 'cpu')
+  (row,) = vision_throughput.run(['vgg6'], tiny=True, repeats=1,
+                                 parameterizations=('bn', 'gmp_imn', 'gmp_imn_scans'))
+  assert row['gmp_imn_scans_vs_bn'] > 0 and row['gmp_imn_scans_compile_cpu_s'] > 0
 
 
 def test_every_case_name_is_listed_and_unknown_names_fail():
