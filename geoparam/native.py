@@ -89,6 +89,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
   compiler = shutil.which(os.environ.get('CXX') or 'c++')
   if compiler is None:
     return None, f'no C++ compiler found (${{CXX}} or c++: {os.environ.get("CXX") or "c++"})'
+  if not _SOURCE.is_file():
+    return None, f'{_SOURCE} is missing (a broken install?)'
   errors = []
   for flags in (_FLAGS + ('-march=native',), _FLAGS):  # the second: compilers without it
     key = '\n'.join([_SOURCE.read_text(), ' '.join(flags), compiler, jaxlib.__version__, _cpu()])

@@ -168,16 +168,20 @@ x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 params = layer.init(jax.random.PRNGKey(0), x)
 y = layer.apply(params, x)
 print(y.shape, bool(jnp.all(jnp.isfinite(y))), bool(jnp.all(y >= 0)))
+print(geoparam.native.available() or geoparam.native.unavailable_reason().splitlines()[0])
 """
   with open(os.path.join(ROOT, 'PYPI.md'), encoding='utf-8') as f:  # its example runs there too
     code += re.search(r'```python\n(.*?)```', f.read(), re.DOTALL).group(1) + 'print(y.shape)\n'
   env['JAX_PLATFORMS'] = 'cpu'
+  env['GEOPARAM_CACHE_DIR'] = str(tmp_path / 'cache')  # the native map built from the wheel's copy
   proc = subprocess.run([python, '-c', code], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  where, version, specs, result, pypi_example = proc.stdout.strip().splitlines()
+  where, version, specs, result, built, pypi_example = proc.stdout.strip().splitlines()
   assert where == os.path.join(purelib, 'geoparam')  # the wheel's copy, not the checkout
   assert version == _pyproject_version()['version']
   assert specs == 'None None'  # no top-level experiments / benchmarks packages
   assert result == '(2, 3) True True'
+  if shutil.which(os.environ.get('CXX') or 'c++') and os.environ.get('GEOPARAM_NATIVE') != '0':
+    assert built == 'True', built
   assert pypi_example == '(2, 3)'
