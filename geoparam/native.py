@@ -119,13 +119,20 @@ def unavailable_reason() -> str:
   return _load()[1]
 
 
+def _check():
+  if not available():
+    raise RuntimeError(f'geoparam.native is not available: {unavailable_reason()}')
+
+
 def forward(theta: jax.Array) -> jax.Array:
   """`u` `(n, *batch)` of float32 angles `(n - 1, *batch)`, n >= 2 (needs `available()`)."""
+  _check()
   u = jax.ShapeDtypeStruct((theta.shape[0] + 1,) + theta.shape[1:], theta.dtype)
   return jax.ffi.ffi_call('geoparam_map_forward', u, vmap_method='sequential')(theta)
 
 
 def backward(theta: jax.Array, g: jax.Array) -> jax.Array:
   """`dL/dtheta` `(n - 1, *batch)` of the cotangent `g` `(n, *batch)` of `forward(theta)`."""
+  _check()
   d_theta = jax.ShapeDtypeStruct(theta.shape, theta.dtype)
   return jax.ffi.ffi_call('geoparam_map_backward', d_theta, vmap_method='sequential')(theta, g)

@@ -112,6 +112,8 @@ _FALLBACK = """
     print('while(' in jax.jit(hs.to_cartesian_batched).lower(theta).compile().as_text())
     with pytest.raises(ValueError, match="scheme='native' needs"):
       hs.to_cartesian_batched(theta, 'native')
+    with pytest.raises(RuntimeError, match='geoparam.native is not available: '):
+      native.forward(theta)
     print('raised')
 """
 
