@@ -290,7 +290,7 @@ def _sequential_backward(theta, g):
 
 
 # The native kernels have no derivatives of their own: second derivatives (which
-# differentiate the forward and the VJP) go through the sequential scans.
+# differentiate the forward and the VJP, in either mode) go through the sequential scans.
 @jax.custom_jvp
 def _native_forward(theta):
   return native.forward(theta)
@@ -301,20 +301,14 @@ def _native_forward_jvp(primals, tangents):
   return _native_forward(*primals), jax.jvp(_sequential_forward, primals, tangents)[1]
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def _native_backward(theta, g):
   return native.backward(theta, g)
 
 
-def _native_backward_fwd(theta, g):
-  return native.backward(theta, g), (theta, g)
-
-
-def _native_backward_bwd(res, ct):
-  return jax.vjp(_sequential_backward, *res)[1](ct)
-
-
-_native_backward.defvjp(_native_backward_fwd, _native_backward_bwd)
+@_native_backward.defjvp
+def _native_backward_jvp(primals, tangents):
+  return _native_backward(*primals), jax.jvp(_sequential_backward, primals, tangents)[1]
 
 
 def _is_native(scheme, theta):

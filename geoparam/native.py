@@ -1,20 +1,22 @@
-"""The theta -> u map on the CPU as one native kernel, compiled on first use.
+"""The theta -> u map on the CPU as native kernels, compiled on first use.
 
 XLA compiles the CPU map (`hyperspherical`'s `sequential` scheme: a `lax.scan` per pass, in
 both branches of a range `lax.cond`) into about fifteen kernels for every distinct theta
 shape, which is most of the extra compile time of a GmP model. `native_map.cc`, shipped with
 the package, computes the same map and its VJP as two XLA FFI custom calls (float32), so a
 model's maps compile to two calls per layer. It is compiled on first use with the system's
-C++ compiler (`$CXX`, else `c++`; about 4 s, once per machine) into
-`<cache>/native`, where `<cache>` is `$GEOPARAM_CACHE_DIR`, else `~/.cache/geoparam` (the
-data downloads' cache too). The library's name holds a hash of the source, the flags, the
-compiler, jaxlib's version and the CPU, so a shared home folder serves machines of different
-kinds. Under a sharded `jit` (several CPU devices) XLA hands each call whole arrays, and
-`jax.export` refuses the calls (set `GEOPARAM_NATIVE=0` in a process that exports).
+C++ compiler (`$CXX`, else `c++`; about 4 s, once per machine) into `<cache>/native`, where
+`<cache>` is `$GEOPARAM_CACHE_DIR`, else `~/.cache/geoparam` (the data downloads' cache
+too), under a name that hashes the source, the flags, the compiler and its version, jaxlib's
+version, the C library and the CPU, so a shared home folder serves machines of different
+kinds.
 
-Where it cannot be built (no compiler, a failed build: a warning says why) or where
-`GEOPARAM_NATIVE=0` is set, the layers use the `sequential` scheme: the same values to
-float32 rounding. `available()` says which, `unavailable_reason()` why not.
+Where it cannot be built or loaded (no compiler, a failed build, an unwritable cache: a
+warning says why) or where `GEOPARAM_NATIVE=0` is set, the layers use the `sequential`
+scheme: the same values to float32 rounding. `available()` says which,
+`unavailable_reason()` why not. Under a sharded `jit` (several CPU devices) XLA hands each
+call whole arrays (the result comes back replicated), and `jax.export` refuses the calls
+(set `GEOPARAM_NATIVE=0` in a process that exports).
 
     >>> from geoparam import native
     >>> native.available() or bool(native.unavailable_reason())
@@ -70,13 +72,33 @@ def _compile(compiler: str, flags: tuple[str, ...], target: pathlib.Path) -> str
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if done.returncode:
       return done.stderr.strip()[-2000:] or f'{compiler} exited with {done.returncode}'
+    os.chmod(tmp, 0o755)  # mkstemp made it private: a shared cache serves every user
     os.replace(tmp, target)
     return ''
-  except (OSError, subprocess.SubprocessError) as e:
-    return str(e)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+def _build(compiler: str) -> ctypes.CDLL | str:
+  """The registered library, built or found in the cache, or why it could not be built."""
+  version = subprocess.run([compiler, '--version'], capture_output=True, text=True,
+                           timeout=60).stdout
+  errors = []
+  for flags in (_FLAGS + ('-march=native',), _FLAGS):  # the second: compilers without it
+    key = '\n'.join([_SOURCE.read_text(), ' '.join(flags), compiler, version, jaxlib.__version__,
+                     ' '.join(platform.libc_ver()), _cpu()])
+    target = _cache_dir() / f'native_map-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so'
+    error = '' if target.exists() else _compile(compiler, flags, target)
+    if not error:
+      break
+    errors.append(error)
+  else:
+    return f'{compiler} could not build {_SOURCE.name}:\n{errors[-1]}'
+  library = ctypes.CDLL(str(target))
+  for name, symbol in _TARGETS.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform='cpu')
+  return library
 
 
 @functools.cache
@@ -91,22 +113,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     return None, f'no C++ compiler found (${{CXX}} or c++: {os.environ.get("CXX") or "c++"})'
   if not _SOURCE.is_file():
     return None, f'{_SOURCE} is missing (a broken install?)'
-  errors = []
-  for flags in (_FLAGS + ('-march=native',), _FLAGS):  # the second: compilers without it
-    key = '\n'.join([_SOURCE.read_text(), ' '.join(flags), compiler, jaxlib.__version__, _cpu()])
-    target = _cache_dir() / f'native_map-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so'
-    error = '' if target.exists() else _compile(compiler, flags, target)
-    if not error:
-      break
-    errors.append(error)
-  else:
-    reason = f'{compiler} could not build {_SOURCE.name}:\n{errors[-1]}'
-    warnings.warn(f'geoparam.native: {reason}\nThe layers use the XLA map instead.')
-    return None, reason
-  library = ctypes.CDLL(str(target))
-  for name, symbol in _TARGETS.items():
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform='cpu')
-  return library, ''
+  try:
+    built = _build(compiler)
+  except Exception as e:  # an unwritable cache, a library that does not load: fall back
+    built = f'building or loading it failed: {type(e).__name__}: {e}'
+  if isinstance(built, str):
+    warnings.warn(f'geoparam.native: {built}\nThe layers use the XLA map instead.')
+    return None, built
+  return built, ''
 
 
 def available() -> bool:

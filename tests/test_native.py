@@ -81,6 +81,14 @@ def test_native_map_under_vmap_and_second_derivatives():
 
   got, want = curvature(theta[:1], 'native'), curvature(theta[:1], 'sequential')
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+  # Forward over reverse (jax.hessian), rows beyond the polynomial's range included.
+  t = theta[0, :6, :3].at[2, 1].set(1e4 + 0.3)
+
+  def hessian(scheme):
+    return jax.hessian(lambda x: jnp.sum(jnp.sin(hs.to_cartesian_batched(x, scheme))))(t)
+
+  got, want = hessian('native'), hessian('sequential')
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(want))))
 
 
 @needs_native
@@ -106,7 +114,8 @@ _FALLBACK = """
     from geoparam import hyperspherical as hs, native
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter('always')
-      print(native.available(), [str(w.message)[:60] for w in caught])
+      print(native.available(),
+            [str(w.message)[:60] for w in caught if str(w.message).startswith('geoparam')])
     print(native.unavailable_reason().splitlines()[0])
     theta = jnp.linspace(0.1, 3.0, 12).reshape(4, 3)
     print('while(' in jax.jit(hs.to_cartesian_batched).lower(theta).compile().as_text())
@@ -121,12 +130,20 @@ _FALLBACK = """
 def test_switched_off_or_unbuildable_the_map_falls_back_to_the_scans(tmp_path):
   out = _run(_FALLBACK, GEOPARAM_NATIVE='0').splitlines()
   assert out == ['False []', 'GEOPARAM_NATIVE=0 is set', 'True', 'raised']
+  if shutil.which('false') is None:
+    pytest.skip('no `false` command here to stand for a failing compiler')
   # A compiler that fails: a warning that says so, then the scans; nothing left in the cache.
   out = _run(_FALLBACK, GEOPARAM_NATIVE='1', CXX='false', GEOPARAM_CACHE_DIR=str(tmp_path))
   out = out.splitlines()
   assert out[0].startswith("False ['geoparam.native:") and 'could not build' in out[0]
   assert out[1:] == [f'{shutil.which("false")} could not build native_map.cc:', 'True', 'raised']
   assert not list((tmp_path / 'native').iterdir())
+  if _COMPILER is not None:  # a cache folder that cannot be made: the same fallback
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    out = _run(_FALLBACK, GEOPARAM_NATIVE='1', GEOPARAM_CACHE_DIR=str(blocker)).splitlines()
+    assert out[0].startswith("False ['geoparam.native: building or loading it failed")
+    assert out[2:] == ['True', 'raised']
 
 
 def test_the_library_is_built_once_into_the_cache_folder(tmp_path):
