@@ -148,12 +148,13 @@ _PIO2_PARTS = (1.5703125, 4.8351287841796875e-4, 3.13855707645416259765625e-7,
 _SIN_COEFFS = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)  # Cephes sinf, |r| <= pi/4
 _COS_COEFFS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)  # Cephes cosf
 _SINCOS_BOUND = 8192.0
+_TWO_OVER_PI = 2 / np.pi
 
 
 def _sincos_poly(x):
   """float32 `(sin x, cos x)` from ONE range reduction and two short polynomials (|x| <= 8192)."""
   f = lambda v: jnp.asarray(v, x.dtype)
-  k = jnp.round(x * f(2 / jnp.pi))
+  k = jnp.round(x * f(_TWO_OVER_PI))
   r = x
   for part in _PIO2_PARTS:
     r = r - k * f(part)

@@ -62,6 +62,21 @@ def _cpu() -> str:
     return platform.machine() + platform.processor()
 
 
+def _constants() -> tuple[str, ...]:
+  """`-D` flags with the numbers of `hyperspherical`'s float32 sincos (their one home), as
+  hexadecimal float literals: exact, so the C++ rounds them to float32 as numpy does."""
+  from geoparam import hyperspherical as hs  # imports this module: not at the top
+
+  def literal(values):
+    return '{' + ', '.join(float(v).hex() + 'f' for v in values) + '}'
+
+  return (f'-DGEOPARAM_TWO_OVER_PI={float(hs._TWO_OVER_PI).hex()}f',
+          f'-DGEOPARAM_PIO2_PARTS={literal(hs._PIO2_PARTS)}',
+          f'-DGEOPARAM_SIN_COEFFS={literal(hs._SIN_COEFFS)}',
+          f'-DGEOPARAM_COS_COEFFS={literal(hs._COS_COEFFS)}',
+          f'-DGEOPARAM_SINCOS_BOUND={float(hs._SINCOS_BOUND).hex()}f')
+
+
 def _compile(compiler: str, flags: tuple[str, ...], target: pathlib.Path) -> str:
   """Builds the library at `target` (atomically); '' or the compiler's complaint."""
   target.parent.mkdir(parents=True, exist_ok=True)
@@ -84,10 +99,12 @@ def _build(compiler: str) -> ctypes.CDLL | str:
   """The registered library, built or found in the cache, or why it could not be built."""
   version = subprocess.run([compiler, '--version'], capture_output=True, text=True,
                            timeout=60).stdout
+  machine = [_SOURCE.read_text(), compiler, version, jaxlib.__version__,
+             ' '.join(platform.libc_ver()), _cpu()]
   errors = []
   for flags in (_FLAGS + ('-march=native',), _FLAGS):  # the second: compilers without it
-    key = '\n'.join([_SOURCE.read_text(), ' '.join(flags), compiler, version, jaxlib.__version__,
-                     ' '.join(platform.libc_ver()), _cpu()])
+    flags += _constants()
+    key = '\n'.join([' '.join(flags)] + machine)
     target = _cache_dir() / f'native_map-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so'
     error = '' if target.exists() else _compile(compiler, flags, target)
     if not error:

@@ -6,9 +6,11 @@
 // The VJP, division-free, with R_k = g_{k+1} c_{k+1} + s_{k+1} R_{k+1}, R_{R-1} = g_R:
 //   dL/dt_k = P_{k-1} (c_k R_k - s_k g_k).
 // sin/cos of a row come from the same Cody-Waite reduction and polynomials as
-// hyperspherical._sincos_poly when every |t| <= 8192 in the row, else from std::sin/std::cos
-// (NaN and inf take that path too). Built with -ffp-contract=off: no FMA contraction, so the
-// result does not depend on the instruction set the compiler targets.
+// hyperspherical._sincos_poly when every |t| in the row is within its bound, else from
+// std::sin/std::cos (NaN and inf take that path too). The numbers of that reduction and those
+// polynomials come from hyperspherical.py, passed by native.py as -D flags. Built with
+// -ffp-contract=off: no FMA contraction, so the result does not depend on the instruction set
+// the compiler targets.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -19,18 +21,21 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr float kBound = 8192.0f;
+constexpr float kTwoOverPi = GEOPARAM_TWO_OVER_PI;
+constexpr float kPio2Parts[] = GEOPARAM_PIO2_PARTS;  // pi/2 = the sum of the parts
+constexpr float kSin[] = GEOPARAM_SIN_COEFFS;
+constexpr float kCos[] = GEOPARAM_COS_COEFFS;
+constexpr float kBound = GEOPARAM_SINCOS_BOUND;
+static_assert(sizeof(kSin) == 3 * sizeof(float) && sizeof(kCos) == 3 * sizeof(float),
+              "the polynomials below have three coefficients each");
 
 inline void SinCosPoly(float x, float* s, float* c) {
-  const float k = std::nearbyint(x * 0.636619772367581343f);  // x = k pi/2 + r
-  float r = x - k * 1.5703125f;
-  r = r - k * 4.8351287841796875e-4f;
-  r = r - k * 3.13855707645416259765625e-7f;
-  r = r - k * 6.077100628276710381e-11f;
+  const float k = std::nearbyint(x * kTwoOverPi);  // x = k pi/2 + r
+  float r = x;
+  for (float part : kPio2Parts) r = r - k * part;
   const float z = r * r;
-  const float sin_r = r + r * z * (-1.6666654611e-1f + z * (8.3321608736e-3f + z * -1.9515295891e-4f));
-  const float cos_r = 1.0f - 0.5f * z +
-      z * z * (4.166664568298827e-2f + z * (-1.388731625493765e-3f + z * 2.443315711809948e-5f));
+  const float sin_r = r + r * z * (kSin[0] + z * (kSin[1] + z * kSin[2]));
+  const float cos_r = 1.0f - 0.5f * z + z * z * (kCos[0] + z * (kCos[1] + z * kCos[2]));
   const int q = static_cast<int>(k);
   float sin_x = (q & 1) ? cos_r : sin_r;
   const float cos_x = (q & 1) ? sin_r : cos_r;
